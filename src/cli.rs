@@ -1,0 +1,158 @@
+//! The command line. Parsing only: each subcommand's work lives in its capability's module and
+//! is called from `run`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Graceful life for Kubernetes nodes: bootstrap with cloud-init, take no workload until the
+/// network is up, and give pods back through the Eviction API before the machine goes down.
+#[derive(Debug, Parser)]
+#[command(
+    name = "nodeward",
+    version,
+    about,
+    after_help = "Examples:\n  \
+      nodeward render --template cloud-init/worker.yaml.tera --values cloud-init/values.example.toml --token-file token --check\n  \
+      nodeward config check --config /etc/nodeward/config.toml\n  \
+      nodeward completions bash > /usr/share/bash-completion/completions/nodeward\n  \
+      nodeward man --out-dir /usr/share/man/man1"
+)]
+pub struct Cli {
+    /// Main config file; drop-ins are read from config.d/ beside it.
+    #[arg(long, global = true, env = "NODEWARD_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Log level or filter directive (error, warn, info, debug, trace, or "nodeward=debug,kube=info"); overrides RUST_LOG.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Render cloud-init user data from a tera template and validated values.
+    #[command(after_help = "Examples:\n  \
+        nodeward render --template cloud-init/worker.yaml.tera --values cloud-init/values.example.toml --token-file /root/token\n  \
+        NODEWARD_BOOTSTRAP_TOKEN=$(cat token) nodeward render --template t.yaml.tera --values v.toml --set node_group=gpu --out user-data --check")]
+    Render(RenderArgs),
+    /// Run the node agent (readiness gate and drain on shutdown); what nodeward.service runs.
+    Agent,
+    /// Cordon this node (or NODE) and evict its pods, respecting PodDisruptionBudgets.
+    Drain(DrainArgs),
+    /// Mark NODE unschedulable, recording that nodeward did it.
+    Cordon(CordonArgs),
+    /// Make NODE schedulable again, if nodeward cordoned it.
+    Uncordon(UncordonArgs),
+    /// Run the central scaler.
+    Scaler,
+    /// Show what the agent on this node sees.
+    Status,
+    /// Validate or show the configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Print a shell completion script to stdout.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages (nodeward.1 and one per subcommand) into a directory.
+    Man {
+        /// Where to write the pages.
+        #[arg(long, value_name = "DIR")]
+        out_dir: PathBuf,
+    },
+}
+
+/// `nodeward config ...`
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Read the config file and its drop-ins, validate them and list the files read.
+    Check,
+}
+
+/// `nodeward render` arguments.
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// The tera template.
+    #[arg(long, value_name = "FILE")]
+    pub template: PathBuf,
+    /// TOML file with the values (cluster_name, node_group, api_server_endpoint, ...).
+    #[arg(long, value_name = "FILE")]
+    pub values: Option<PathBuf>,
+    /// Override a value: key=value, node_labels.KEY=VALUE, extra.KEY=VALUE; lists comma-separated. Secrets are refused here.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// File holding the bootstrap token (else NODEWARD_BOOTSTRAP_TOKEN is read).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Write here atomically with mode 0600 instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Also check the output is user data cloud-init accepts (#cloud-config YAML, script or MIME multipart).
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// `nodeward drain` arguments.
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// The node; defaults to node.name from the config, else this machine's hostname.
+    pub node: Option<String>,
+    /// Overall deadline, e.g. 90s or 5m (default: drain.timeout).
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+    /// Print the plan (per pod: action, wave, reason) and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Evict pods that no controller manages.
+    #[arg(long)]
+    pub force: bool,
+    /// Evict pods with emptyDir volumes.
+    #[arg(long)]
+    pub delete_emptydir_data: bool,
+    /// Kubeconfig to use (default: node.kubeconfig, else KUBECONFIG / ~/.kube/config / in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// `nodeward cordon` arguments.
+#[derive(Debug, Args)]
+pub struct CordonArgs {
+    /// The node.
+    pub node: String,
+    /// Why, recorded in the nodeward.io/cordoned-by annotation.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    /// Kubeconfig to use.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// `nodeward uncordon` arguments.
+#[derive(Debug, Args)]
+pub struct UncordonArgs {
+    /// The node.
+    pub node: String,
+    /// Uncordon even if someone else cordoned it.
+    #[arg(long)]
+    pub force: bool,
+    /// Kubeconfig to use.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,160 @@
+use super::*;
+
+fn src(path: &str, text: &str) -> Source {
+    Source {
+        path: PathBuf::from(path),
+        text: text.to_string(),
+    }
+}
+
+fn err(sources: &[Source]) -> String {
+    match parse(sources) {
+        Ok(s) => panic!("expected an error, got {s:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn no_files_means_defaults() {
+    assert_eq!(parse(&[]).expect("defaults"), Settings::default());
+    assert_eq!(
+        parse(&[src("a.toml", "")]).expect("empty"),
+        Settings::default()
+    );
+}
+
+#[test]
+fn shipped_example_documents_exactly_the_defaults() {
+    let example = src(
+        "packaging/config.toml",
+        include_str!("../../packaging/config.toml"),
+    );
+    assert_eq!(
+        parse(&[example]).expect("example parses"),
+        Settings::default()
+    );
+}
+
+#[test]
+fn drop_ins_override_key_by_key() {
+    let s = parse(&[
+        src(
+            "/etc/nodeward/config.toml",
+            "[drain]\ntimeout = \"60s\"\nforce = true\n[node]\nname = \"worker-1\"\n",
+        ),
+        src(
+            "/etc/nodeward/config.d/10-timeout.toml",
+            "[drain]\ntimeout = \"2m\"\n",
+        ),
+    ])
+    .expect("valid");
+    assert_eq!(s.drain.timeout, Duration::from_secs(120));
+    assert!(
+        s.drain.force,
+        "force from the main file survives the drop-in"
+    );
+    assert_eq!(s.node.name.as_deref(), Some("worker-1"));
+    assert_eq!(s.drain.concurrency, Settings::default().drain.concurrency);
+}
+
+#[test]
+fn arrays_are_replaced_whole() {
+    let s = parse(&[
+        src("a.toml", "[[drain.waves]]\nmin_priority = 0\nshare_of_deadline = 0.5\n[[drain.waves]]\nmin_priority = 10\nshare_of_deadline = 0.5\n"),
+        src("b.toml", "[[drain.waves]]\nmin_priority = -5\nshare_of_deadline = 1.0\n"),
+    ])
+    .expect("valid");
+    assert_eq!(
+        s.drain.waves,
+        vec![Wave {
+            min_priority: -5,
+            share_of_deadline: 1.0
+        }]
+    );
+}
+
+/// Every bad input names the file, the line, the key and the expected form.
+#[test]
+fn errors_name_file_line_key_and_form() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "[drain]\nforce = false\ntimeout = \"90x\"\n",
+            "x.toml:3:11",
+            &["drain.timeout", "\"90x\"", "\"90s\""],
+        ),
+        (
+            "[drain]\ntimout = \"90s\"\n",
+            "x.toml:2:1",
+            &["unknown field `timout`", "timeout"],
+        ),
+        (
+            "[drain]\non_deadline = \"explode\"\n",
+            "x.toml:2:15",
+            &["drain.on_deadline", "abandon", "delete", "wait"],
+        ),
+        (
+            "[drain]\nconcurrency = 0\n",
+            "x.toml:2:15",
+            &["drain.concurrency", "from 1 to"],
+        ),
+        (
+            "[drain]\nforce = \"yes\"\n",
+            "x.toml:2:9",
+            &["drain.force", "bool"],
+        ),
+        (
+            "[node]\nname = \"Worker_1\"\n",
+            "x.toml:2:8",
+            &["node.name", "RFC 1123"],
+        ),
+        (
+            "[[drain.waves]]\nmin_priority = 5\nshare_of_deadline = 0.6\n[[drain.waves]]\nmin_priority = 1\nshare_of_deadline = 0.3\n",
+            "x.toml:",
+            &["drain.waves", "ascending"],
+        ),
+        (
+            "[[drain.waves]]\nmin_priority = 0\nshare_of_deadline = 0.8\n[[drain.waves]]\nmin_priority = 1\nshare_of_deadline = 0.3\n",
+            "x.toml:",
+            &["drain.waves", "more than 1"],
+        ),
+        ("[drain\n", "x.toml:1:", &[]),
+    ];
+    for (text, location, needles) in cases {
+        let msg = err(&[src("ok.toml", ""), src("x.toml", text)]);
+        assert!(msg.starts_with(location), "{text:?}: {msg}");
+        for needle in *needles {
+            assert!(msg.contains(needle), "{text:?}: {msg:?} lacks {needle:?}");
+        }
+    }
+}
+
+#[test]
+fn load_reads_main_file_and_sorted_drop_ins() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let main = dir.path().join("config.toml");
+    std::fs::write(&main, "[drain]\ntimeout = \"30s\"\n").expect("write");
+    std::fs::create_dir(dir.path().join("config.d")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("config.d/20-b.toml"),
+        "[drain]\ntimeout = \"3m\"\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("config.d/10-a.toml"),
+        "[drain]\ntimeout = \"2m\"\n",
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("config.d/README"), "not toml").expect("write");
+    let (settings, files) = load(Some(&main)).expect("load");
+    assert_eq!(settings.drain.timeout, Duration::from_secs(180));
+    assert_eq!(files.len(), 3);
+    assert!(files[1].ends_with("10-a.toml"));
+}
+
+#[test]
+fn explicit_missing_file_is_an_error() {
+    let msg = load(Some(Path::new("/nonexistent/nodeward.toml")))
+        .expect_err("missing")
+        .to_string();
+    assert!(msg.contains("/nonexistent/nodeward.toml"), "{msg}");
+}

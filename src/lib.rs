@@ -1,0 +1,14 @@
+//! nodeward: a node-local agent and a central scaler that give Kubernetes nodes a graceful life.
+//!
+//! The crate is one binary with subcommands (see [`cli`]); each capability lives in its own
+//! module, with pure decisions separate from the I/O that acts on them (see ARCHITECTURE.md).
+
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod fsutil;
+pub mod logging;
+pub mod render;
+pub mod secret;
+pub mod tomlfile;
+pub mod validate;

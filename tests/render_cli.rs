@@ -1,0 +1,354 @@
+//! `nodeward render` end to end: the real binary, the shipped template, and the real
+//! `cloud-init schema` validator.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use assert_cmd::cargo::CommandCargoExt;
+
+const TOKEN: &str = "abcdef.0123456789abcdef";
+const TOKEN_SECRET: &str = "0123456789abcdef";
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn nodeward(args: &[&str], env_token: Option<&str>) -> Run {
+    let mut cmd = Command::cargo_bin("nodeward").expect("binary built");
+    cmd.args(args)
+        .env_remove("NODEWARD_BOOTSTRAP_TOKEN")
+        .env_remove("RUST_LOG");
+    if let Some(t) = env_token {
+        cmd.env("NODEWARD_BOOTSTRAP_TOKEN", t);
+    }
+    let out = cmd.output().expect("run nodeward");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn token_file(dir: &Path, token: &str) -> PathBuf {
+    let p = dir.join("token");
+    std::fs::write(&p, token).expect("write token");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    p
+}
+
+fn render_args<'a>(template: &'a str, values: &'a str, token: &'a str) -> Vec<&'a str> {
+    vec![
+        "render",
+        "--template",
+        template,
+        "--values",
+        values,
+        "--token-file",
+        token,
+    ]
+}
+
+#[test]
+fn example_renders_to_the_golden_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tok = token_file(dir.path(), TOKEN);
+    let (t, v) = (
+        repo("cloud-init/worker.yaml.tera"),
+        repo("cloud-init/values.example.toml"),
+    );
+    let mut args = render_args(
+        t.to_str().expect("utf8"),
+        v.to_str().expect("utf8"),
+        tok.to_str().expect("utf8"),
+    );
+    args.push("--check");
+    let run = nodeward(&args, None);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let golden =
+        std::fs::read_to_string(repo("tests/fixtures/worker.example.yaml")).expect("golden");
+    assert_eq!(run.stdout, golden);
+    assert!(
+        !run.stderr.contains(TOKEN_SECRET),
+        "token in logs: {}",
+        run.stderr
+    );
+}
+
+/// Every shipped template, rendered with the example values, passes the real cloud-init schema.
+#[test]
+fn shipped_templates_pass_cloud_init_schema() {
+    let probe = Command::new("cloud-init").arg("--version").output();
+    assert!(
+        probe.as_ref().is_ok_and(|o| o.status.success()),
+        "cloud-init is not installed: `apt-get install cloud-init` (scripts/test does this)"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tok = token_file(dir.path(), TOKEN);
+    let values = repo("cloud-init/values.example.toml");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(repo("cloud-init")).expect("cloud-init/") {
+        let path = entry.expect("entry").path();
+        if !path.to_string_lossy().ends_with(".tera") {
+            continue;
+        }
+        let out = dir.path().join("user-data");
+        let mut args = render_args(
+            path.to_str().expect("utf8"),
+            values.to_str().expect("utf8"),
+            tok.to_str().expect("utf8"),
+        );
+        args.extend(["--out", out.to_str().expect("utf8")]);
+        let run = nodeward(&args, None);
+        assert_eq!(run.code, 0, "{}: {}", path.display(), run.stderr);
+        let schema = Command::new("cloud-init")
+            .args(["schema", "--config-file"])
+            .arg(&out)
+            .output()
+            .expect("run cloud-init schema");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&schema.stdout),
+            String::from_utf8_lossy(&schema.stderr)
+        );
+        assert!(
+            schema.status.success(),
+            "{}: cloud-init schema: {text}",
+            path.display()
+        );
+        assert!(
+            text.contains("Valid cloud-config"),
+            "{}: {text}",
+            path.display()
+        );
+        checked += 1;
+    }
+    assert!(checked >= 1, "no templates found in cloud-init/");
+}
+
+#[test]
+fn cloud_init_schema_catches_a_bad_document() {
+    // Proves the schema check above can fail: a wrong type for a known key.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "#cloud-config\nruncmd: 5\nwrite_files: nope\n").expect("write");
+    let out = Command::new("cloud-init")
+        .args(["schema", "--config-file"])
+        .arg(&bad)
+        .output()
+        .expect("cloud-init is not installed: `apt-get install cloud-init`");
+    assert!(
+        !out.status.success(),
+        "cloud-init schema accepted an invalid document"
+    );
+}
+
+/// Bad input of each kind: non-zero exit, a message naming the problem, and never the secret.
+#[test]
+fn bad_inputs_fail_with_a_named_problem_and_no_secret() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good_tok = token_file(dir.path(), TOKEN);
+    let bad_tok = dir.path().join("bad-token");
+    std::fs::write(&bad_tok, "ABCDEF.0123456789abcdef").expect("write");
+    let values = repo("cloud-init/values.example.toml");
+    let template = repo("cloud-init/worker.yaml.tera");
+    let bad_ca = dir.path().join("bad-ca.toml");
+    std::fs::write(
+        &bad_ca,
+        std::fs::read_to_string(&values)
+            .expect("values")
+            .replace("sha256:8c3d", "sha256:zz3d"),
+    )
+    .expect("write");
+    let undefined = dir.path().join("undefined.tera");
+    std::fs::write(
+        &undefined,
+        "#cloud-config\nhostname: {{ hostname }}\nfoo: {{ extra.rack }}\n",
+    )
+    .expect("write");
+    let syntax = dir.path().join("syntax.tera");
+    std::fs::write(&syntax, "#cloud-config\n\nhostname: {{ hostname }\n").expect("write");
+
+    let s = |p: &Path| p.to_str().expect("utf8").to_string();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            render_args(&s(&template), &s(&values), &s(&bad_tok))
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
+            "[a-z0-9]{6}.[a-z0-9]{16}",
+        ),
+        (
+            render_args(&s(&template), &s(&bad_ca), &s(&good_tok))
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
+            "sha256:<64 hex digits>",
+        ),
+        (
+            render_args(&s(&undefined), &s(&values), &s(&good_tok))
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
+            "undefined.tera:3: undefined variable `extra.rack`",
+        ),
+        (
+            render_args(&s(&syntax), &s(&values), &s(&good_tok))
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
+            "syntax.tera:3:",
+        ),
+        (
+            [
+                "render",
+                "--template",
+                &s(&template),
+                "--values",
+                &s(&values),
+                "--set",
+                &format!("bootstrap_token={TOKEN}"),
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect(),
+            "--token-file",
+        ),
+    ];
+    for (args, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = nodeward(&args, None);
+        assert_ne!(run.code, 0, "{args:?} succeeded");
+        assert!(
+            run.stderr.contains(needle),
+            "{args:?}: stderr {:?} lacks {needle:?}",
+            run.stderr
+        );
+        for out in [&run.stdout, &run.stderr] {
+            assert!(
+                !out.contains(TOKEN_SECRET),
+                "secret leaked for {args:?}: {out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn token_from_environment() {
+    let (t, v) = (
+        repo("cloud-init/worker.yaml.tera"),
+        repo("cloud-init/values.example.toml"),
+    );
+    let args = [
+        "render",
+        "--template",
+        t.to_str().expect("utf8"),
+        "--values",
+        v.to_str().expect("utf8"),
+    ];
+    let run = nodeward(&args, Some(TOKEN));
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains(&format!("token: \"{TOKEN}\"")));
+    let run = nodeward(&args, None);
+    assert_ne!(run.code, 0);
+    assert!(
+        run.stderr.contains("NODEWARD_BOOTSTRAP_TOKEN"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn out_is_0600_and_untouched_when_rendering_fails() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tok = token_file(dir.path(), TOKEN);
+    let out = dir.path().join("user-data");
+    let (t, v) = (
+        repo("cloud-init/worker.yaml.tera"),
+        repo("cloud-init/values.example.toml"),
+    );
+    let mut args = render_args(
+        t.to_str().expect("utf8"),
+        v.to_str().expect("utf8"),
+        tok.to_str().expect("utf8"),
+    );
+    args.extend(["--out", out.to_str().expect("utf8")]);
+    let run = nodeward(&args, None);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "--out must not also print");
+    let mode = std::fs::metadata(&out).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let first = std::fs::read_to_string(&out).expect("read");
+    assert!(first.starts_with("#cloud-config"));
+
+    let broken = dir.path().join("broken.tera");
+    std::fs::write(&broken, "#cloud-config\n{{ nope }}\n").expect("write");
+    let mut args = render_args(
+        broken.to_str().expect("utf8"),
+        v.to_str().expect("utf8"),
+        tok.to_str().expect("utf8"),
+    );
+    args.extend(["--out", out.to_str().expect("utf8")]);
+    let run = nodeward(&args, None);
+    assert_ne!(run.code, 0);
+    assert_eq!(
+        std::fs::read_to_string(&out).expect("read"),
+        first,
+        "failed render changed --out"
+    );
+    let entries = std::fs::read_dir(dir.path()).expect("readdir").count();
+    assert_eq!(entries, 3, "a temporary file was left behind");
+}
+
+#[test]
+fn config_check_names_file_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("config.toml");
+    std::fs::copy(repo("packaging/config.toml"), &cfg).expect("copy");
+    let run = nodeward(
+        &["config", "check", "--config", cfg.to_str().expect("utf8")],
+        None,
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    std::fs::create_dir(dir.path().join("config.d")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("config.d/10-x.toml"),
+        "[drain]\n\ntimeout = \"soon\"\n",
+    )
+    .expect("write");
+    let run = nodeward(
+        &["config", "check", "--config", cfg.to_str().expect("utf8")],
+        None,
+    );
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains("10-x.toml:3:11: key `drain.timeout`"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn completions_and_man_pages_are_generated() {
+    let run = nodeward(&["completions", "bash"], None);
+    assert_eq!(run.code, 0);
+    assert!(
+        run.stdout.contains("complete -F"),
+        "bash completion script expected"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = nodeward(
+        &["man", "--out-dir", dir.path().to_str().expect("utf8")],
+        None,
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let page = std::fs::read_to_string(dir.path().join("nodeward.1")).expect("nodeward.1");
+    assert!(page.contains(".TH nodeward"), "not a man page");
+    assert!(dir.path().join("nodeward-render.1").exists());
+}
