@@ -1,0 +1,328 @@
+//! Test controls: injected faults and latency, and the request log with its counters.
+//!
+//! Faults are rules matched against each API request's verb and resource (`pods`,
+//! `pods/eviction`, `nodes/status`, ...): a rule answers with its status code either for its
+//! next `count` matching requests or at random with probability `rate`. The log records every
+//! API request (not the `/emulator/` admin paths) with the verb the apiserver's audit log would
+//! give it and the client's User-Agent, so a test can assert how much load an agent puts on
+//! the API.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+
+/// An injected failure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct FaultRule {
+    /// Verb to fail (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection`); `None` for all.
+    #[serde(default)]
+    pub verb: Option<String>,
+    /// Resource to fail, with subresource (`pods`, `pods/eviction`); `None` for all.
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// HTTP status to answer: 429, 500 or 503 (others answer a bare Status with that code).
+    pub code: u16,
+    /// Fail this many matching requests, then stop.
+    #[serde(default)]
+    pub count: Option<u64>,
+    /// Fail each matching request with this probability (0..=1).
+    #[serde(default)]
+    pub rate: Option<f64>,
+    /// `Retry-After` seconds for a 429 (default 1, as API priority and fairness sends).
+    #[serde(default)]
+    pub retry_after_seconds: Option<u32>,
+}
+
+impl FaultRule {
+    /// A rule failing the next `count` requests of `verb` on `resource` with `code`.
+    pub fn count(verb: &str, resource: &str, code: u16, count: u64) -> Self {
+        Self {
+            verb: Some(verb.to_string()),
+            resource: Some(resource.to_string()),
+            code,
+            count: Some(count),
+            ..Self::default()
+        }
+    }
+
+    /// A rule failing requests of `verb` on `resource` with probability `rate`.
+    pub fn rate(verb: &str, resource: &str, code: u16, rate: f64) -> Self {
+        Self {
+            verb: Some(verb.to_string()),
+            resource: Some(resource.to_string()),
+            code,
+            rate: Some(rate),
+            ..Self::default()
+        }
+    }
+
+    fn error(&self) -> ApiError {
+        match self.code {
+            429 => ApiError::too_many_requests(
+                "Too many requests, please try again later.",
+                Some(self.retry_after_seconds.unwrap_or(1)),
+            ),
+            500 => ApiError::internal("injected fault"),
+            503 => ApiError::unavailable(
+                "injected fault: the server is currently unable to handle the request",
+            ),
+            code => ApiError::bare(code, "injected fault"),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct FaultState {
+    rules: Vec<(u64, FaultRule)>,
+    next_id: u64,
+    latency: Duration,
+}
+
+/// The fault rules and added latency.
+#[derive(Debug, Default)]
+pub struct Faults {
+    state: Mutex<FaultState>,
+}
+
+impl Faults {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FaultState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds a rule; returns its id.
+    pub fn add(&self, rule: FaultRule) -> u64 {
+        let mut st = self.lock();
+        st.next_id += 1;
+        let id = st.next_id;
+        st.rules.push((id, rule));
+        id
+    }
+
+    /// Removes one rule.
+    pub fn remove(&self, id: u64) {
+        self.lock().rules.retain(|(i, _)| *i != id);
+    }
+
+    /// Removes every rule and the latency.
+    pub fn clear(&self) {
+        let mut st = self.lock();
+        st.rules.clear();
+        st.latency = Duration::ZERO;
+    }
+
+    /// The active rules with their ids.
+    pub fn rules(&self) -> Vec<(u64, FaultRule)> {
+        self.lock().rules.clone()
+    }
+
+    /// Delays every API request by `d`.
+    pub fn set_latency(&self, d: Duration) {
+        self.lock().latency = d;
+    }
+
+    /// Current added latency.
+    pub fn latency(&self) -> Duration {
+        self.lock().latency
+    }
+
+    /// The failure to answer for a request, if a rule fires.
+    pub fn check(&self, verb: &str, resource: &str) -> Option<ApiError> {
+        let mut st = self.lock();
+        let mut fired = None;
+        for (id, rule) in &mut st.rules {
+            if rule.verb.as_deref().is_some_and(|v| v != verb)
+                || rule.resource.as_deref().is_some_and(|r| r != resource)
+            {
+                continue;
+            }
+            if let Some(n) = rule.count.as_mut() {
+                if *n == 0 {
+                    continue;
+                }
+                *n -= 1;
+                fired = Some((*id, rule.error()));
+                break;
+            }
+            if let Some(rate) = rule.rate
+                && rand::random::<f64>() < rate
+            {
+                fired = Some((*id, rule.error()));
+                break;
+            }
+        }
+        st.rules.retain(|(_, r)| r.count != Some(0));
+        fired.map(|(_, e)| e)
+    }
+}
+
+/// One API request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestRecord {
+    /// When it arrived.
+    pub at: DateTime<Utc>,
+    /// HTTP method.
+    pub method: String,
+    /// Path.
+    pub path: String,
+    /// Query string.
+    pub query: String,
+    /// Kubernetes verb (`get`, `list`, `watch`, ...); discovery reads are `get`.
+    pub verb: String,
+    /// Resource with subresource (`pods`, `pods/eviction`); empty for discovery.
+    pub resource: String,
+    /// Namespace of the request path.
+    pub namespace: Option<String>,
+    /// Object name of the request path.
+    pub name: Option<String>,
+    /// `User-Agent` header.
+    pub user_agent: String,
+    /// HTTP status answered (200 for a watch that started).
+    pub code: u16,
+}
+
+/// Count of requests per verb, resource and user agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestCount {
+    /// Verb.
+    pub verb: String,
+    /// Resource.
+    pub resource: String,
+    /// User agent.
+    pub user_agent: String,
+    /// Requests.
+    pub count: u64,
+}
+
+#[derive(Debug, Default)]
+struct LogState {
+    entries: VecDeque<RequestRecord>,
+    counts: BTreeMap<(String, String, String), u64>,
+}
+
+/// The request log: the latest entries and counters over all requests.
+#[derive(Debug)]
+pub struct RequestLog {
+    state: Mutex<LogState>,
+    capacity: usize,
+}
+
+impl RequestLog {
+    /// A log keeping at most `capacity` entries (counters are unbounded).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            state: Mutex::new(LogState::default()),
+            capacity,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a request.
+    pub fn record(&self, r: RequestRecord) {
+        let mut st = self.lock();
+        *st.counts
+            .entry((r.verb.clone(), r.resource.clone(), r.user_agent.clone()))
+            .or_default() += 1;
+        if self.capacity > 0 {
+            if st.entries.len() >= self.capacity {
+                st.entries.pop_front();
+            }
+            st.entries.push_back(r);
+        }
+    }
+
+    /// The kept entries, oldest first.
+    pub fn entries(&self) -> Vec<RequestRecord> {
+        self.lock().entries.iter().cloned().collect()
+    }
+
+    /// Counters, sorted by verb, resource and user agent.
+    pub fn counts(&self) -> Vec<RequestCount> {
+        self.lock()
+            .counts
+            .iter()
+            .map(|((verb, resource, user_agent), count)| RequestCount {
+                verb: verb.clone(),
+                resource: resource.clone(),
+                user_agent: user_agent.clone(),
+                count: *count,
+            })
+            .collect()
+    }
+
+    /// Forgets everything.
+    pub fn clear(&self) {
+        let mut st = self.lock();
+        st.entries.clear();
+        st.counts.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_rules_fire_then_vanish() {
+        let f = Faults::default();
+        f.add(FaultRule::count("create", "pods/eviction", 429, 2));
+        assert!(f.check("get", "pods").is_none());
+        assert_eq!(
+            f.check("create", "pods/eviction").map(|e| e.code),
+            Some(429)
+        );
+        assert_eq!(
+            f.check("create", "pods/eviction").map(|e| e.retry_after),
+            Some(Some(1))
+        );
+        assert!(f.check("create", "pods/eviction").is_none());
+        assert!(f.rules().is_empty());
+        f.add(FaultRule::rate("list", "nodes", 503, 1.0));
+        assert_eq!(f.check("list", "nodes").map(|e| e.code), Some(503));
+        f.add(FaultRule {
+            code: 500,
+            count: Some(1),
+            ..FaultRule::default()
+        });
+        f.clear();
+        assert!(f.check("get", "x").is_none());
+    }
+
+    #[test]
+    fn log_caps_entries_but_counts_all() {
+        let log = RequestLog::new(1);
+        for verb in ["get", "get", "list"] {
+            log.record(RequestRecord {
+                at: Utc::now(),
+                method: "GET".into(),
+                path: "/".into(),
+                query: String::new(),
+                verb: verb.into(),
+                resource: "pods".into(),
+                namespace: None,
+                name: None,
+                user_agent: "ua".into(),
+                code: 200,
+            });
+        }
+        assert_eq!(log.entries().len(), 1);
+        let counts = log.counts();
+        assert_eq!(counts.len(), 2);
+        assert_eq!(counts[0].count, 2);
+    }
+}
