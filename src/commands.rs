@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Context;
 use clap::CommandFactory;
 
-use crate::cli::{Cli, Command, ConfigCommand, RenderArgs};
+use crate::cli::{Cli, Command, ConfigCommand, CordonArgs, DrainArgs, RenderArgs, UncordonArgs};
 use crate::render::values::{Inputs, TokenSource};
 use crate::secret::Secret;
 
@@ -17,6 +17,11 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_FAILURE: u8 = 1;
 /// Bad usage, or a subcommand this build does not provide yet.
 pub const EXIT_USAGE: u8 = 2;
+/// `drain`: the deadline passed with pods still on the node.
+pub const EXIT_DEADLINE: u8 = 3;
+/// `drain`: every evictable pod left, but some pods were refused (unmanaged, emptyDir,
+/// annotated, or selected by several budgets) and are still there.
+pub const EXIT_REFUSED: u8 = 4;
 
 /// A subcommand whose issue has not landed; it does nothing rather than pretend.
 #[derive(Debug, thiserror::Error)]
@@ -35,9 +40,9 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Man { out_dir } => man(&out_dir),
         Command::Agent => Err(NotAvailable("agent").into()),
-        Command::Drain(_) => Err(NotAvailable("drain").into()),
-        Command::Cordon(_) => Err(NotAvailable("cordon").into()),
-        Command::Uncordon(_) => Err(NotAvailable("uncordon").into()),
+        Command::Drain(args) => block_on(drain(cli.config.as_deref(), args)),
+        Command::Cordon(args) => block_on(cordon(cli.config.as_deref(), args)),
+        Command::Uncordon(args) => block_on(uncordon(cli.config.as_deref(), args)),
         Command::Scaler => Err(NotAvailable("scaler").into()),
         Command::Status => Err(NotAvailable("status").into()),
     }
@@ -151,6 +156,105 @@ fn render(args: &RenderArgs) -> anyhow::Result<u8> {
         None => std::io::stdout()
             .write_all(output.as_bytes())
             .context("cannot write to stdout")?,
+    }
+    Ok(EXIT_OK)
+}
+
+/// Runs an async subcommand on a runtime sized for a CLI: a couple of worker threads are plenty
+/// for a few hundred concurrent requests.
+fn block_on<F: std::future::Future<Output = anyhow::Result<u8>>>(f: F) -> anyhow::Result<u8> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(f)
+}
+
+/// The node a command acts on: the argument, else node.name, else the hostname.
+fn node_name(arg: Option<&str>, settings: &crate::config::Settings) -> anyhow::Result<String> {
+    arg.map(str::to_string)
+        .or_else(|| settings.node.name.clone())
+        .or_else(crate::drain::exec::hostname)
+        .context("no node given, node.name is not set and the hostname cannot be read")
+}
+
+async fn client_for(
+    arg: Option<&Path>,
+    settings: &crate::config::Settings,
+) -> anyhow::Result<kube::Client> {
+    Ok(crate::kube_client::client(arg.or(settings.node.kubeconfig.as_deref())).await?)
+}
+
+async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
+    let (settings, _) = crate::config::load(config)?;
+    let node = node_name(args.node.as_deref(), &settings)?;
+    let mut opts = crate::drain::DrainOptions::from_settings(&settings.drain, "nodeward drain");
+    if let Some(t) = &args.timeout {
+        opts.timeout = crate::validate::duration(t)
+            .map_err(|form| anyhow::anyhow!("--timeout {t:?}: expected {form}"))?;
+    }
+    opts.plan.force |= args.force;
+    opts.plan.delete_emptydir_data |= args.delete_emptydir_data;
+    let client = client_for(args.kubeconfig.as_deref(), &settings).await?;
+    if args.dry_run {
+        let plan = crate::drain::dry_run(&client, &node, &opts).await?;
+        print_plan(&node, &plan);
+        return Ok(EXIT_OK);
+    }
+    let report = crate::drain::drain(&client, &node, &opts).await?;
+    print!("{report}");
+    Ok(match report.outcome {
+        crate::drain::DrainOutcome::Drained => EXIT_OK,
+        crate::drain::DrainOutcome::Refused => EXIT_REFUSED,
+        crate::drain::DrainOutcome::DeadlineExceeded => EXIT_DEADLINE,
+    })
+}
+
+fn print_plan(node: &str, plan: &crate::drain::plan::Plan) {
+    use crate::drain::plan::Decision;
+    println!("plan for node {node} (dry run: nothing changed)");
+    println!("{:<8} {:<5} {:<50} REASON", "ACTION", "WAVE", "POD");
+    for p in &plan.pods {
+        let (action, wave, reason) = match p.decision {
+            Decision::Evict { wave } => (
+                "evict",
+                wave.to_string(),
+                format!("priority {}", p.priority),
+            ),
+            Decision::Skip(why) => ("skip", "-".to_string(), why.to_string()),
+            Decision::Refuse(why) => ("refuse", "-".to_string(), why.to_string()),
+        };
+        println!("{action:<8} {wave:<5} {:<50} {reason}", p.pod.to_string());
+    }
+}
+
+async fn cordon(config: Option<&Path>, args: CordonArgs) -> anyhow::Result<u8> {
+    let (settings, _) = crate::config::load(config)?;
+    let client = client_for(args.kubeconfig.as_deref(), &settings).await?;
+    let reason = args.reason.as_deref().unwrap_or("nodeward cordon");
+    let outcome = crate::drain::cordon(&client, &args.node, reason, false).await?;
+    match outcome {
+        crate::drain::CordonOutcome::Cordoned => println!("node/{} cordoned", args.node),
+        crate::drain::CordonOutcome::AlreadyOurs => {
+            println!("node/{} already cordoned by nodeward", args.node)
+        }
+        crate::drain::CordonOutcome::AlreadyByOther => println!(
+            "node/{} already cordoned by someone else; nodeward will not uncordon it",
+            args.node
+        ),
+    }
+    Ok(EXIT_OK)
+}
+
+async fn uncordon(config: Option<&Path>, args: UncordonArgs) -> anyhow::Result<u8> {
+    let (settings, _) = crate::config::load(config)?;
+    let client = client_for(args.kubeconfig.as_deref(), &settings).await?;
+    match crate::drain::uncordon(&client, &args.node, args.force).await? {
+        crate::drain::UncordonOutcome::Uncordoned => println!("node/{} uncordoned", args.node),
+        crate::drain::UncordonOutcome::NotCordoned => {
+            println!("node/{} was not cordoned", args.node)
+        }
     }
     Ok(EXIT_OK)
 }

@@ -6,7 +6,9 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod drain;
 pub mod fsutil;
+pub mod kube_client;
 pub mod logging;
 pub mod render;
 pub mod secret;

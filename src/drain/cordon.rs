@@ -1,0 +1,222 @@
+//! Who cordoned a node, decided purely from the Node object.
+//!
+//! Kubernetes does not record who set `spec.unschedulable`, so nodeward records its own cordons
+//! in the annotation `nodeward.io/cordoned-by` (JSON: reason, time, whether it also added the
+//! load-balancer exclusion label). Only a cordon carrying that record is ever undone
+//! automatically: an administrator's cordon is theirs to lift.
+
+use k8s_openapi::api::core::v1::Node;
+use serde::{Deserialize, Serialize};
+
+/// The ownership annotation.
+pub const CORDONED_BY: &str = "nodeward.io/cordoned-by";
+/// The label that makes cloud load balancers stop sending traffic to a node.
+pub const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+
+/// What nodeward writes into [`CORDONED_BY`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CordonRecord {
+    /// Why (e.g. "shutdown (poweroff)", "drain by operator").
+    pub reason: String,
+    /// RFC 3339 time of the cordon.
+    pub at: String,
+    /// nodeward added [`EXCLUDE_LB_LABEL`] and must remove it when uncordoning.
+    #[serde(default)]
+    pub excluded_from_lb: bool,
+}
+
+/// Whether the node is cordoned.
+pub fn is_cordoned(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+/// nodeward's record on the node, if it has one (a malformed record counts as none, so a
+/// hand-edited annotation never makes nodeward uncordon).
+pub fn record(node: &Node) -> Option<CordonRecord> {
+    node.metadata
+        .annotations
+        .as_ref()?
+        .get(CORDONED_BY)
+        .and_then(|v| serde_json::from_str(v).ok())
+}
+
+/// What to do when asked to cordon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CordonDecision {
+    /// Not cordoned: cordon and record it.
+    Cordon,
+    /// nodeward cordoned it already.
+    AlreadyOurs,
+    /// Someone else cordoned it; leave their cordon (and its ownership) alone.
+    AlreadyByOther,
+}
+
+/// Decides a cordon.
+pub fn cordon_decision(node: &Node) -> CordonDecision {
+    match (is_cordoned(node), record(node).is_some()) {
+        (false, _) => CordonDecision::Cordon,
+        (true, true) => CordonDecision::AlreadyOurs,
+        (true, false) => CordonDecision::AlreadyByOther,
+    }
+}
+
+/// What to do when asked to uncordon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UncordonDecision {
+    /// Lift the cordon and remove the record (and the LB label if nodeward added it).
+    Uncordon {
+        /// Remove [`EXCLUDE_LB_LABEL`] too.
+        remove_lb_label: bool,
+    },
+    /// Not cordoned; only a stale record (if any) to clean up.
+    NotCordoned {
+        /// A record is present and should be removed.
+        stale_record: bool,
+    },
+    /// Cordoned by someone else; refuse (unless forced).
+    ByOther {
+        /// Who, if the node's managedFields tell (the field manager that set unschedulable).
+        who: Option<String>,
+    },
+}
+
+/// Decides an uncordon. `force` lifts someone else's cordon too.
+pub fn uncordon_decision(node: &Node, force: bool) -> UncordonDecision {
+    let rec = record(node);
+    if !is_cordoned(node) {
+        return UncordonDecision::NotCordoned {
+            stale_record: rec.is_some(),
+        };
+    }
+    match rec {
+        Some(r) => UncordonDecision::Uncordon {
+            remove_lb_label: r.excluded_from_lb,
+        },
+        None if force => UncordonDecision::Uncordon {
+            remove_lb_label: false,
+        },
+        None => UncordonDecision::ByOther {
+            who: cordoned_by_manager(node),
+        },
+    }
+}
+
+/// The field manager that owns `spec.unschedulable`, from managedFields (`kubectl-cordon`,
+/// `kubectl`, a controller's name).
+pub fn cordoned_by_manager(node: &Node) -> Option<String> {
+    node.metadata
+        .managed_fields
+        .as_ref()?
+        .iter()
+        .find_map(|mf| {
+            let owns = mf
+                .fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:spec"))
+                .and_then(|s| s.get("f:unschedulable"))
+                .is_some();
+            owns.then(|| {
+                let when = mf
+                    .time
+                    .as_ref()
+                    .map(|t| format!(" at {}", t.0))
+                    .unwrap_or_default();
+                format!(
+                    "{}{when}",
+                    mf.manager.as_deref().unwrap_or("an unnamed field manager")
+                )
+            })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn node(unschedulable: bool, annotation: Option<&str>) -> Node {
+        let mut v = json!({"metadata": {"name": "n"}, "spec": {"unschedulable": unschedulable}});
+        if let Some(a) = annotation {
+            v["metadata"]["annotations"] = json!({CORDONED_BY: a});
+        }
+        serde_json::from_value(v).expect("node")
+    }
+
+    const OURS: &str =
+        r#"{"reason":"shutdown","at":"2026-01-01T00:00:00Z","excluded_from_lb":true}"#;
+
+    #[test]
+    fn cordon_decisions() {
+        assert_eq!(cordon_decision(&node(false, None)), CordonDecision::Cordon);
+        assert_eq!(
+            cordon_decision(&node(false, Some(OURS))),
+            CordonDecision::Cordon
+        );
+        assert_eq!(
+            cordon_decision(&node(true, Some(OURS))),
+            CordonDecision::AlreadyOurs
+        );
+        assert_eq!(
+            cordon_decision(&node(true, None)),
+            CordonDecision::AlreadyByOther
+        );
+        assert_eq!(
+            cordon_decision(&node(true, Some("garbage"))),
+            CordonDecision::AlreadyByOther,
+            "a malformed record is not ours"
+        );
+    }
+
+    #[test]
+    fn uncordon_decisions() {
+        assert_eq!(
+            uncordon_decision(&node(true, Some(OURS)), false),
+            UncordonDecision::Uncordon {
+                remove_lb_label: true
+            }
+        );
+        assert_eq!(
+            uncordon_decision(&node(true, None), false),
+            UncordonDecision::ByOther { who: None }
+        );
+        assert_eq!(
+            uncordon_decision(&node(true, None), true),
+            UncordonDecision::Uncordon {
+                remove_lb_label: false
+            }
+        );
+        assert_eq!(
+            uncordon_decision(&node(false, Some(OURS)), false),
+            UncordonDecision::NotCordoned { stale_record: true }
+        );
+        assert_eq!(
+            uncordon_decision(&node(false, None), false),
+            UncordonDecision::NotCordoned {
+                stale_record: false
+            }
+        );
+    }
+
+    #[test]
+    fn manager_of_unschedulable_is_named() {
+        let n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n", "managedFields": [
+                {"manager": "kubelet", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}},
+                {"manager": "kubectl-cordon", "operation": "Update", "fieldsType": "FieldsV1", "time": "2026-01-02T03:04:05Z",
+                 "fieldsV1": {"f:spec": {"f:unschedulable": {}}}}
+            ]},
+            "spec": {"unschedulable": true}
+        }))
+        .expect("node");
+        assert_eq!(
+            uncordon_decision(&n, false),
+            UncordonDecision::ByOther {
+                who: Some("kubectl-cordon at 2026-01-02T03:04:05Z".into())
+            }
+        );
+    }
+}

@@ -1,0 +1,16 @@
+//! Draining a node: cordon it, then give every pod back to the cluster through the Eviction API.
+//!
+//! Evicting rather than deleting is the point: an eviction asks the API server to honour the
+//! pod's PodDisruptionBudget, so a drain never takes down more replicas than their owners allow.
+//! `plan.rs` decides (which pods, which wave, what an answer means) and `cordon.rs` decides who
+//! owns a cordon — both pure; `exec.rs` acts, driven by watches so it reacts in milliseconds and
+//! reports done only when the pods are really gone.
+
+pub mod cordon;
+pub mod exec;
+pub mod plan;
+
+pub use exec::{
+    CordonOutcome, DrainOptions, DrainOutcome, DrainReport, UncordonOutcome, cordon, drain,
+    dry_run, uncordon,
+};

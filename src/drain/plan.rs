@@ -1,0 +1,369 @@
+//! The pure half of a drain: which pods go, in which wave, and what an eviction answer means.
+//!
+//! Nothing here talks to the API or reads the clock. `exec.rs` feeds it pods, budgets and answers
+//! and acts on what it decides, so every rule below is covered by table tests.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::config::Wave;
+
+/// Annotation a pod owner sets to keep nodeward from ever evicting the pod.
+pub const DRAIN_ANNOTATION: &str = "nodeward.io/drain";
+/// Annotation kubelet sets on mirror pods of static pods.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+/// Priority of `system-cluster-critical`; `system-node-critical` is 2000001000.
+const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// Identity of a pod in plans and reports.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID, used as an eviction precondition so a same-named replacement is never evicted.
+    pub uid: String,
+}
+
+impl PodRef {
+    /// Reads the identity of a pod.
+    pub fn of(pod: &Pod) -> Self {
+        Self {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl fmt::Display for PodRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Why a pod is left alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    /// Managed by a DaemonSet: it would be recreated on this node at once, and it tolerates the
+    /// cordon; its controller removes it when the node goes.
+    DaemonSet,
+    /// A mirror of a static pod: the API cannot delete it; kubelet owns it.
+    Mirror,
+    /// Already Succeeded or Failed: nothing runs.
+    Finished,
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::DaemonSet => "managed by a DaemonSet",
+            Self::Mirror => "mirror pod of a static pod",
+            Self::Finished => "already finished",
+        })
+    }
+}
+
+/// Why a pod is refused (left on the node and reported).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefuseReason {
+    /// No controller would recreate it elsewhere (override: `--force` / `drain.force`).
+    Unmanaged,
+    /// Uses emptyDir; its data would be lost (override: `--delete-emptydir-data`).
+    EmptyDir,
+    /// Annotated `nodeward.io/drain: never` by its owner (no override).
+    Annotated,
+}
+
+impl fmt::Display for RefuseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Unmanaged => {
+                "not managed by a controller, so nothing would recreate it (use --force or drain.force)"
+            }
+            Self::EmptyDir => {
+                "uses emptyDir, whose data would be lost (use --delete-emptydir-data or drain.delete_emptydir_data)"
+            }
+            Self::Annotated => "annotated nodeward.io/drain=never by its owner",
+        })
+    }
+}
+
+/// What happens to one pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Evict in this wave (index into the configured waves).
+    Evict {
+        /// Wave index.
+        wave: usize,
+    },
+    /// Leave it.
+    Skip(SkipReason),
+    /// Leave it and report it.
+    Refuse(RefuseReason),
+}
+
+/// Inputs to the plan that come from config or flags.
+#[derive(Debug, Clone)]
+pub struct PlanOptions {
+    /// Evict unmanaged pods.
+    pub force: bool,
+    /// Evict emptyDir pods.
+    pub delete_emptydir_data: bool,
+    /// Priority waves, ascending `min_priority`.
+    pub waves: Vec<Wave>,
+}
+
+/// The effective priority: `spec.priority`, or for the two system classes their value when the
+/// admission plugin that fills it in did not run.
+pub fn priority(pod: &Pod) -> i32 {
+    let spec = pod.spec.as_ref();
+    spec.and_then(|s| s.priority).unwrap_or_else(|| {
+        match spec.and_then(|s| s.priority_class_name.as_deref()) {
+            Some("system-node-critical") => SYSTEM_CRITICAL_PRIORITY + 1000,
+            Some("system-cluster-critical") => SYSTEM_CRITICAL_PRIORITY,
+            _ => 0,
+        }
+    })
+}
+
+/// The wave a priority falls in: the last wave whose `min_priority` it reaches (the first wave
+/// also takes anything below its minimum).
+pub fn wave_of(priority: i32, waves: &[Wave]) -> usize {
+    waves
+        .iter()
+        .rposition(|w| priority >= w.min_priority)
+        .unwrap_or(0)
+}
+
+/// Decides one pod. Checked in the order kubectl drain uses, with nodeward's annotation first
+/// because an owner's explicit wish beats every flag.
+pub fn decide(pod: &Pod, opts: &PlanOptions) -> Decision {
+    let meta = &pod.metadata;
+    let annotations = meta.annotations.as_ref();
+    if annotations
+        .and_then(|a| a.get(DRAIN_ANNOTATION))
+        .is_some_and(|v| v == "never")
+    {
+        return Decision::Refuse(RefuseReason::Annotated);
+    }
+    if annotations.is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)) {
+        return Decision::Skip(SkipReason::Mirror);
+    }
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded" | "Failed")) {
+        return Decision::Skip(SkipReason::Finished);
+    }
+    let controller = meta
+        .owner_references
+        .as_ref()
+        .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)));
+    match controller {
+        Some(c) if c.kind == "DaemonSet" => return Decision::Skip(SkipReason::DaemonSet),
+        None if !opts.force => return Decision::Refuse(RefuseReason::Unmanaged),
+        _ => {}
+    }
+    let has_empty_dir = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|vols| vols.iter().any(|v| v.empty_dir.is_some()));
+    if has_empty_dir && !opts.delete_emptydir_data {
+        return Decision::Refuse(RefuseReason::EmptyDir);
+    }
+    Decision::Evict {
+        wave: wave_of(priority(pod), &opts.waves),
+    }
+}
+
+/// One pod's line in a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodPlan {
+    /// The pod.
+    pub pod: PodRef,
+    /// Its effective priority.
+    pub priority: i32,
+    /// What happens to it.
+    pub decision: Decision,
+}
+
+/// A whole node's plan, ordered by wave, then namespace and name.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Plan {
+    /// Every pod on the node.
+    pub pods: Vec<PodPlan>,
+}
+
+impl Plan {
+    /// Plans every pod.
+    pub fn new<'a>(pods: impl IntoIterator<Item = &'a Pod>, opts: &PlanOptions) -> Self {
+        let mut pods: Vec<PodPlan> = pods
+            .into_iter()
+            .map(|p| PodPlan {
+                pod: PodRef::of(p),
+                priority: priority(p),
+                decision: decide(p, opts),
+            })
+            .collect();
+        let order = |d: &Decision| match d {
+            Decision::Evict { wave } => (0, *wave),
+            Decision::Refuse(_) => (1, 0),
+            Decision::Skip(_) => (2, 0),
+        };
+        pods.sort_by(|a, b| {
+            order(&a.decision)
+                .cmp(&order(&b.decision))
+                .then_with(|| a.pod.cmp(&b.pod))
+        });
+        Self { pods }
+    }
+
+    /// Pods to evict, with their wave.
+    pub fn evictions(&self) -> impl Iterator<Item = (&PodRef, usize)> {
+        self.pods.iter().filter_map(|p| match p.decision {
+            Decision::Evict { wave } => Some((&p.pod, wave)),
+            _ => None,
+        })
+    }
+
+    /// Refused pods and why.
+    pub fn refused(&self) -> impl Iterator<Item = (&PodRef, RefuseReason)> {
+        self.pods.iter().filter_map(|p| match p.decision {
+            Decision::Refuse(r) => Some((&p.pod, r)),
+            _ => None,
+        })
+    }
+}
+
+/// When each wave's share of the deadline ends, as offsets from the drain's start. Shares
+/// accumulate, so time a wave does not use passes to the next; the last wave always ends at the
+/// overall deadline.
+pub fn wave_deadlines(total: Duration, waves: &[Wave]) -> Vec<Duration> {
+    let mut acc = 0.0;
+    let mut out: Vec<Duration> = waves
+        .iter()
+        .map(|w| {
+            acc += w.share_of_deadline;
+            total.mul_f64(acc.min(1.0))
+        })
+        .collect();
+    if let Some(last) = out.last_mut() {
+        *last = total;
+    }
+    out
+}
+
+/// How long before the deadline the `delete` fallback starts, leaving that time as the pods'
+/// grace period: a tenth of the deadline, at least 1 s and at most 15 s (enough for most pods'
+/// SIGTERM handlers, small enough not to cut short a normal eviction).
+pub fn fallback_margin(total: Duration) -> Duration {
+    (total / 10).clamp(Duration::from_secs(1), Duration::from_secs(15))
+}
+
+/// Whether a label selector selects a set of labels (matchLabels and matchExpressions with
+/// In, NotIn, Exists, DoesNotExist). An empty selector selects everything, as in policy/v1.
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_ok = selector
+        .match_labels
+        .as_ref()
+        .is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
+    let exprs_ok = selector.match_expressions.as_ref().is_none_or(|exprs| {
+        exprs.iter().all(|e| {
+            let value = labels.get(&e.key);
+            let values = e.values.as_deref().unwrap_or_default();
+            match e.operator.as_str() {
+                "In" => value.is_some_and(|v| values.contains(v)),
+                "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                _ => false,
+            }
+        })
+    });
+    labels_ok && exprs_ok
+}
+
+/// The budgets in `namespace` that select a pod with `labels`.
+pub fn budgets_for<'a>(
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+    budgets: impl IntoIterator<Item = &'a PodDisruptionBudget>,
+) -> Vec<&'a PodDisruptionBudget> {
+    budgets
+        .into_iter()
+        .filter(|b| b.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|b| {
+            b.spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .is_some_and(|sel| selector_matches(sel, labels))
+        })
+        .collect()
+}
+
+/// What the API said to one eviction, reduced to what a drain needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    /// HTTP status code (200/201 for success).
+    pub code: u16,
+    /// The Status carried a cause of type `DisruptionBudget` (how the apiserver marks a 429
+    /// that a budget caused, as opposed to API Priority and Fairness throttling).
+    pub budget_cause: bool,
+    /// How many budgets select the pod, from nodeward's own view of them.
+    pub matching_budgets: usize,
+}
+
+/// The meaning of an eviction answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// 200/201: the pod is being deleted.
+    Evicted,
+    /// 404: the pod is already gone.
+    Gone,
+    /// 429 from a budget: wait for its `disruptionsAllowed` to rise.
+    BudgetExhausted,
+    /// 500 while more than one budget selects the pod: the Eviction API cannot evict it.
+    MultipleBudgets,
+    /// 403: the credentials lack `create` on `pods/eviction`.
+    Forbidden,
+    /// 429 not caused by a budget (API server throttling), 409, or 5xx: try again after a backoff.
+    Retry,
+    /// Any other 4xx: the request is wrong and will stay wrong.
+    Rejected,
+}
+
+impl Answer {
+    /// Classifies the answer by status code and structured cause, never by message text.
+    pub fn outcome(&self) -> Outcome {
+        match self.code {
+            200 | 201 => Outcome::Evicted,
+            404 => Outcome::Gone,
+            429 if self.budget_cause => Outcome::BudgetExhausted,
+            500 if self.matching_budgets > 1 => Outcome::MultipleBudgets,
+            403 => Outcome::Forbidden,
+            409 | 429 | 500..=599 => Outcome::Retry,
+            _ => Outcome::Rejected,
+        }
+    }
+}
+
+impl Outcome {
+    /// The pod is on its way out; wait for its deletion.
+    pub fn is_done(self) -> bool {
+        matches!(self, Self::Evicted | Self::Gone)
+    }
+
+    /// Worth another attempt after a backoff.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, Self::Retry | Self::BudgetExhausted)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,311 @@
+use serde_json::json;
+
+use super::*;
+
+fn pod(v: serde_json::Value) -> Pod {
+    let mut base = json!({
+        "metadata": {"name": "p", "namespace": "default", "uid": "u1",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "r", "controller": true}]},
+        "spec": {"containers": [{"name": "c"}]},
+        "status": {"phase": "Running"}
+    });
+    merge(&mut base, v);
+    serde_json::from_value(base).expect("valid pod")
+}
+
+fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+    match (a, b) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+fn opts(force: bool, emptydir: bool) -> PlanOptions {
+    PlanOptions {
+        force,
+        delete_emptydir_data: emptydir,
+        waves: crate::config::Settings::default().drain.waves,
+    }
+}
+
+#[test]
+fn every_plan_rule() {
+    use Decision::*;
+    let unmanaged = json!({"metadata": {"ownerReferences": null}});
+    let emptydir = json!({"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}]}});
+    let cases: Vec<(&str, serde_json::Value, bool, bool, Decision)> = vec![
+        ("replicaset pod", json!({}), false, false, Evict { wave: 0 }),
+        (
+            "daemonset pod",
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "d", "controller": true}]}}),
+            true,
+            true,
+            Skip(SkipReason::DaemonSet),
+        ),
+        (
+            "non-controller daemonset owner",
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "d"}]}}),
+            false,
+            false,
+            Refuse(RefuseReason::Unmanaged),
+        ),
+        (
+            "mirror pod",
+            json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}, "ownerReferences": null}}),
+            false,
+            false,
+            Skip(SkipReason::Mirror),
+        ),
+        (
+            "succeeded",
+            json!({"status": {"phase": "Succeeded"}}),
+            false,
+            false,
+            Skip(SkipReason::Finished),
+        ),
+        (
+            "failed unmanaged",
+            json!({"status": {"phase": "Failed"}, "metadata": {"ownerReferences": null}}),
+            false,
+            false,
+            Skip(SkipReason::Finished),
+        ),
+        (
+            "unmanaged",
+            unmanaged.clone(),
+            false,
+            true,
+            Refuse(RefuseReason::Unmanaged),
+        ),
+        ("unmanaged forced", unmanaged, true, true, Evict { wave: 0 }),
+        (
+            "emptydir",
+            emptydir.clone(),
+            true,
+            false,
+            Refuse(RefuseReason::EmptyDir),
+        ),
+        ("emptydir allowed", emptydir, false, true, Evict { wave: 0 }),
+        (
+            "annotated never",
+            json!({"metadata": {"annotations": {"nodeward.io/drain": "never"}}}),
+            true,
+            true,
+            Refuse(RefuseReason::Annotated),
+        ),
+        (
+            "annotated other value",
+            json!({"metadata": {"annotations": {"nodeward.io/drain": "sure"}}}),
+            false,
+            false,
+            Evict { wave: 0 },
+        ),
+        (
+            "critical by priority",
+            json!({"spec": {"priority": 2000001000}}),
+            false,
+            false,
+            Evict { wave: 1 },
+        ),
+        (
+            "critical by class only",
+            json!({"spec": {"priorityClassName": "system-cluster-critical"}}),
+            false,
+            false,
+            Evict { wave: 1 },
+        ),
+        (
+            "negative priority",
+            json!({"spec": {"priority": -10}}),
+            false,
+            false,
+            Evict { wave: 0 },
+        ),
+    ];
+    for (name, patch, force, emptydir, expected) in cases {
+        assert_eq!(
+            decide(&pod(patch), &opts(force, emptydir)),
+            expected,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn waves_by_priority() {
+    let waves = vec![
+        Wave {
+            min_priority: 0,
+            share_of_deadline: 0.2,
+        },
+        Wave {
+            min_priority: 1000,
+            share_of_deadline: 0.3,
+        },
+        Wave {
+            min_priority: 2_000_000_000,
+            share_of_deadline: 0.5,
+        },
+    ];
+    for (prio, wave) in [
+        (-5, 0),
+        (0, 0),
+        (999, 0),
+        (1000, 1),
+        (1_999_999_999, 1),
+        (2_000_001_000, 2),
+    ] {
+        assert_eq!(wave_of(prio, &waves), wave, "priority {prio}");
+    }
+}
+
+#[test]
+fn plan_orders_by_wave_then_name() {
+    let pods = vec![
+        pod(json!({"metadata": {"name": "z", "uid": "1"}})),
+        pod(json!({"metadata": {"name": "crit", "uid": "2"}, "spec": {"priority": 2000000000}})),
+        pod(json!({"metadata": {"name": "a", "uid": "3"}})),
+        pod(json!({"metadata": {"name": "lonely", "uid": "4", "ownerReferences": null}})),
+    ];
+    let plan = Plan::new(&pods, &opts(false, true));
+    let names: Vec<_> = plan.pods.iter().map(|p| p.pod.name.as_str()).collect();
+    assert_eq!(names, ["a", "z", "crit", "lonely"]);
+    assert_eq!(plan.evictions().count(), 3);
+    assert_eq!(plan.refused().count(), 1);
+}
+
+#[test]
+fn wave_deadlines_accumulate_and_end_at_the_deadline() {
+    let waves = vec![
+        Wave {
+            min_priority: 0,
+            share_of_deadline: 0.5,
+        },
+        Wave {
+            min_priority: 1,
+            share_of_deadline: 0.25,
+        },
+        Wave {
+            min_priority: 2,
+            share_of_deadline: 0.1,
+        },
+    ];
+    let d = wave_deadlines(Duration::from_secs(100), &waves);
+    assert_eq!(
+        d,
+        [
+            Duration::from_secs(50),
+            Duration::from_secs(75),
+            Duration::from_secs(100)
+        ]
+    );
+    assert_eq!(
+        fallback_margin(Duration::from_secs(90)),
+        Duration::from_secs(9)
+    );
+    assert_eq!(
+        fallback_margin(Duration::from_secs(3)),
+        Duration::from_secs(1)
+    );
+    assert_eq!(
+        fallback_margin(Duration::from_secs(600)),
+        Duration::from_secs(15)
+    );
+}
+
+#[test]
+fn selectors() {
+    let labels: BTreeMap<String, String> = [("app", "web"), ("tier", "fe")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let sel =
+        |v: serde_json::Value| -> LabelSelector { serde_json::from_value(v).expect("selector") };
+    let cases = [
+        (json!({}), true),
+        (json!({"matchLabels": {"app": "web"}}), true),
+        (json!({"matchLabels": {"app": "db"}}), false),
+        (
+            json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["fe", "be"]}]}),
+            true,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["fe"]}]}),
+            false,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}),
+            true,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "app", "operator": "Exists"}]}),
+            true,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]}),
+            false,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "app", "operator": "Bogus"}]}),
+            false,
+        ),
+    ];
+    for (s, expected) in cases {
+        assert_eq!(selector_matches(&sel(s.clone()), &labels), expected, "{s}");
+    }
+}
+
+#[test]
+fn every_eviction_answer() {
+    let a = |code, budget_cause, matching_budgets| {
+        Answer {
+            code,
+            budget_cause,
+            matching_budgets,
+        }
+        .outcome()
+    };
+    let cases = [
+        (a(201, false, 0), Outcome::Evicted),
+        (a(200, false, 1), Outcome::Evicted),
+        (a(404, false, 0), Outcome::Gone),
+        (a(429, true, 1), Outcome::BudgetExhausted),
+        (a(429, false, 1), Outcome::Retry),
+        (a(500, false, 2), Outcome::MultipleBudgets),
+        (a(500, false, 1), Outcome::Retry),
+        (a(503, false, 0), Outcome::Retry),
+        (a(409, false, 0), Outcome::Retry),
+        (a(403, false, 0), Outcome::Forbidden),
+        (a(422, false, 0), Outcome::Rejected),
+        (a(400, false, 0), Outcome::Rejected),
+    ];
+    for (i, (got, want)) in cases.iter().enumerate() {
+        assert_eq!(got, want, "case {i}");
+    }
+    assert!(Outcome::Evicted.is_done() && Outcome::Gone.is_done());
+    assert!(!Outcome::BudgetExhausted.is_done());
+    assert!(Outcome::Retry.is_retryable() && Outcome::BudgetExhausted.is_retryable());
+    assert!(!Outcome::Forbidden.is_retryable() && !Outcome::MultipleBudgets.is_retryable());
+}
+
+#[test]
+fn budgets_for_matches_namespace_and_selector() {
+    let pdb = |ns: &str, sel: serde_json::Value| -> PodDisruptionBudget {
+        serde_json::from_value(
+            json!({"metadata": {"name": "b", "namespace": ns}, "spec": {"selector": sel}}),
+        )
+        .expect("pdb")
+    };
+    let labels: BTreeMap<String, String> = [("app".to_string(), "web".to_string())].into();
+    let budgets = [
+        pdb("default", json!({"matchLabels": {"app": "web"}})),
+        pdb("other", json!({"matchLabels": {"app": "web"}})),
+        pdb("default", json!({"matchLabels": {"app": "db"}})),
+        pdb("default", json!({})),
+    ];
+    assert_eq!(budgets_for("default", &labels, &budgets).len(), 2);
+}

@@ -1,0 +1,506 @@
+//! The drain engine against kube-emulator: real HTTP, real watches, real Eviction + PDB answers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube_emulator::{
+    Emulator, EmulatorHandle, EmulatorOptions, EvictionOutcome, FaultRule, PodSeed,
+};
+use nodeward::config::{OnDeadline, Settings, Wave};
+use nodeward::drain::{self, DrainOptions, DrainOutcome};
+use serde_json::json;
+
+const NODE: &str = "worker-1";
+
+async fn emulator() -> Arc<EmulatorHandle> {
+    let emu = Emulator::start(EmulatorOptions {
+        // A 30 s grace period takes 30 ms.
+        grace_scale: 0.001,
+        ..EmulatorOptions::default()
+    })
+    .await
+    .expect("emulator starts");
+    emu.seed_node(NODE).expect("node");
+    emu.seed_node("worker-2").expect("node");
+    Arc::new(emu)
+}
+
+async fn client(emu: &EmulatorHandle) -> kube::Client {
+    nodeward::kube_client::client(Some(emu.kubeconfig_path()))
+        .await
+        .expect("client")
+}
+
+fn options(timeout: Duration) -> DrainOptions {
+    let mut o = DrainOptions::from_settings(&Settings::default().drain, "test");
+    o.timeout = timeout;
+    o.plan.delete_emptydir_data = false;
+    o
+}
+
+fn web(name: &str) -> PodSeed {
+    PodSeed::new("default", name)
+        .node(NODE)
+        .label("app", "web")
+        .owner("ReplicaSet", "web")
+        .ready(true)
+}
+
+fn pdb(emu: &EmulatorHandle, name: &str, app: &str, spec: serde_json::Value) {
+    let mut spec = spec;
+    spec["selector"] = json!({"matchLabels": {"app": app}});
+    emu.create(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": "default"}, "spec": spec
+    }))
+    .expect("pdb");
+}
+
+fn pods_on(emu: &EmulatorHandle, node: &str) -> Vec<String> {
+    let mut names: Vec<String> = emu
+        .list("pods", None)
+        .into_iter()
+        .filter(|p| p.pointer("/spec/nodeName").and_then(|v| v.as_str()) == Some(node))
+        .filter_map(|p| {
+            p.pointer("/metadata/name")
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Reasons of the events.k8s.io/v1 Events about nodes (kube's recorder puts them in `default`).
+fn event_reasons(emu: &EmulatorHandle) -> Vec<String> {
+    emu.list("events.events.k8s.io", Some("default"))
+        .iter()
+        .filter(|e| e.pointer("/regarding/kind").and_then(|k| k.as_str()) == Some("Node"))
+        .filter_map(|e| e.get("reason").and_then(|r| r.as_str()).map(str::to_string))
+        .collect()
+}
+
+/// A stand-in ReplicaSet controller: every terminating `app=web` pod on NODE gets a Ready
+/// replacement on worker-2, as a real controller would create.
+fn replace_terminating(emu: &Arc<EmulatorHandle>) -> tokio::task::JoinHandle<()> {
+    let emu = emu.clone();
+    tokio::spawn(async move {
+        let mut replaced = std::collections::HashSet::new();
+        loop {
+            for p in emu.list("pods", Some("default")) {
+                let name = p
+                    .pointer("/metadata/name")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string();
+                let terminating = p.pointer("/metadata/deletionTimestamp").is_some();
+                let on_node = p.pointer("/spec/nodeName").and_then(|v| v.as_str()) == Some(NODE);
+                if terminating && on_node && replaced.insert(name.clone()) {
+                    let seed = PodSeed::new("default", &format!("{name}-r"))
+                        .node("worker-2")
+                        .label("app", "web")
+                        .owner("ReplicaSet", "web")
+                        .ready(true);
+                    emu.seed_pod(seed).expect("replacement");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+}
+
+#[tokio::test]
+async fn skips_daemonset_mirror_and_finished_pods() {
+    let emu = emulator().await;
+    emu.seed_pod(web("web-1")).expect("pod");
+    emu.seed_pod(
+        PodSeed::new("kube-system", "flannel-x")
+            .node(NODE)
+            .owner("DaemonSet", "flannel")
+            .ready(true),
+    )
+    .expect("ds");
+    emu.seed_pod(
+        PodSeed::new("kube-system", "etcd-worker-1")
+            .node(NODE)
+            .mirror()
+            .ready(true),
+    )
+    .expect("mirror");
+    emu.seed_pod(
+        PodSeed::new("default", "job-done")
+            .node(NODE)
+            .owner("Job", "j")
+            .phase("Succeeded"),
+    )
+    .expect("done");
+    let report = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(10)))
+        .await
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    assert_eq!(report.evicted.len(), 1);
+    assert_eq!(report.skipped.len(), 3, "{report}");
+    assert_eq!(
+        pods_on(&emu, NODE),
+        ["etcd-worker-1", "flannel-x", "job-done"]
+    );
+    let node = emu.get("nodes", None, NODE).expect("node");
+    assert_eq!(node.pointer("/spec/unschedulable"), Some(&json!(true)));
+    assert!(
+        node.pointer("/metadata/annotations/nodeward.io~1cordoned-by")
+            .is_some()
+    );
+    let reasons = event_reasons(&emu);
+    for r in ["Cordoned", "DrainStarted", "DrainSucceeded"] {
+        assert!(
+            reasons.iter().any(|x| x == r),
+            "event {r} missing from {reasons:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn refuses_unmanaged_and_emptydir_pods_unless_allowed() {
+    let emu = emulator().await;
+    emu.seed_pod(PodSeed::new("default", "bare").node(NODE).ready(true))
+        .expect("bare");
+    emu.seed_pod(web("scratch").empty_dir()).expect("emptydir");
+    emu.seed_pod(web("pinned").annotation("nodeward.io/drain", "never"))
+        .expect("pinned");
+    let c = client(&emu).await;
+    let report = drain::drain(&c, NODE, &options(Duration::from_secs(10)))
+        .await
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Refused, "{report}");
+    let mut refused: Vec<&str> = report
+        .refused
+        .iter()
+        .map(|(p, _)| p.name.as_str())
+        .collect();
+    refused.sort();
+    assert_eq!(refused, ["bare", "pinned", "scratch"]);
+    assert!(
+        report
+            .refused
+            .iter()
+            .any(|(_, why)| why.contains("--force"))
+    );
+
+    let mut o = options(Duration::from_secs(10));
+    o.plan.force = true;
+    o.plan.delete_emptydir_data = true;
+    let report = drain::drain(&c, NODE, &o).await.expect("drain");
+    assert_eq!(
+        report.outcome,
+        DrainOutcome::Refused,
+        "the annotation still wins: {report}"
+    );
+    assert_eq!(pods_on(&emu, NODE), ["pinned"]);
+}
+
+/// maxUnavailable 1 over 5 replicas: at no moment do fewer than 4 stay healthy, and the drain
+/// finishes as replacements come up elsewhere.
+#[tokio::test]
+async fn pdb_is_never_violated_and_drain_finishes_as_replicas_move() {
+    let emu = emulator().await;
+    for i in 0..5 {
+        emu.seed_pod(web(&format!("web-{i}")).grace(30))
+            .expect("pod");
+    }
+    pdb(&emu, "web", "web", json!({"maxUnavailable": 1}));
+    let controller = replace_terminating(&emu);
+    let report = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(20)))
+        .await
+        .expect("drain");
+    controller.abort();
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    assert_eq!(report.evicted.len(), 5);
+    assert!(pods_on(&emu, NODE).is_empty());
+    let history = emu.pdb_history("default", "web");
+    assert!(!history.is_empty());
+    for s in &history {
+        assert!(
+            s.current_healthy >= s.desired_healthy
+                || s.disruptions_allowed == 0 && s.current_healthy + 1 >= s.desired_healthy,
+            "budget violated: {s:?}"
+        );
+        assert!(s.current_healthy >= 4, "fewer than 4 healthy at {s:?}");
+    }
+    let blocked = emu
+        .evictions()
+        .iter()
+        .filter(|e| matches!(e.outcome, EvictionOutcome::Blocked { .. }))
+        .count();
+    assert!(
+        blocked > 0,
+        "the budget never pushed back: the test proves nothing"
+    );
+}
+
+#[tokio::test]
+async fn waves_go_in_priority_order() {
+    let emu = emulator().await;
+    for (name, prio) in [
+        ("crit-a", 2_000_001_000),
+        ("low-a", 0),
+        ("mid-a", 1000),
+        ("low-b", -5),
+        ("crit-b", 2_000_000_000),
+    ] {
+        let mut seed = web(name).to_json();
+        seed["spec"]["priority"] = json!(prio);
+        seed["metadata"]["labels"] = json!({"app": name});
+        emu.create(seed).expect("pod");
+        emu.set_pod_ready("default", name, true).expect("ready");
+    }
+    let mut o = options(Duration::from_secs(10));
+    o.plan.waves = vec![
+        Wave {
+            min_priority: i32::MIN,
+            share_of_deadline: 0.4,
+        },
+        Wave {
+            min_priority: 1000,
+            share_of_deadline: 0.3,
+        },
+        Wave {
+            min_priority: 2_000_000_000,
+            share_of_deadline: 0.3,
+        },
+    ];
+    let report = drain::drain(&client(&emu).await, NODE, &o)
+        .await
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    let order: Vec<String> = emu.evictions().iter().map(|e| e.pod.clone()).collect();
+    let pos = |n: &str| {
+        order
+            .iter()
+            .position(|x| x == n)
+            .unwrap_or_else(|| panic!("{n} not evicted: {order:?}"))
+    };
+    assert!(pos("low-a").max(pos("low-b")) < pos("mid-a"), "{order:?}");
+    assert!(pos("mid-a") < pos("crit-a").min(pos("crit-b")), "{order:?}");
+}
+
+#[tokio::test]
+async fn deadline_abandon_reports_what_is_left() {
+    let emu = emulator().await;
+    emu.seed_pod(web("web-0")).expect("pod");
+    pdb(&emu, "web", "web", json!({"minAvailable": "100%"}));
+    let mut o = options(Duration::from_millis(800));
+    o.on_deadline = OnDeadline::Abandon;
+    let report = drain::drain(&client(&emu).await, NODE, &o)
+        .await
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::DeadlineExceeded);
+    assert_eq!(report.left_behind.len(), 1);
+    assert!(
+        report.elapsed < Duration::from_secs(3),
+        "abandon must not hang: {:?}",
+        report.elapsed
+    );
+    assert_eq!(pods_on(&emu, NODE), ["web-0"]);
+    assert!(
+        event_reasons(&emu).iter().any(|r| r == "DrainTimedOut"),
+        "DrainTimedOut event missing"
+    );
+}
+
+#[tokio::test]
+async fn deadline_delete_removes_pods_past_their_budget() {
+    let emu = emulator().await;
+    emu.seed_pod(web("web-0")).expect("pod");
+    pdb(&emu, "web", "web", json!({"minAvailable": "100%"}));
+    let mut o = options(Duration::from_secs(2));
+    o.on_deadline = OnDeadline::Delete;
+    let report = drain::drain(&client(&emu).await, NODE, &o)
+        .await
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    assert_eq!(report.force_deleted.len(), 1);
+    assert!(pods_on(&emu, NODE).is_empty());
+}
+
+#[tokio::test]
+async fn deadline_wait_keeps_going_until_the_budget_opens() {
+    let emu = emulator().await;
+    emu.seed_pod(web("web-0")).expect("pod");
+    pdb(&emu, "web", "web", json!({"minAvailable": 1}));
+    let mut o = options(Duration::from_millis(300));
+    o.on_deadline = OnDeadline::Wait;
+    let emu2 = emu.clone();
+    let opener = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        emu2.seed_pod(
+            PodSeed::new("default", "web-new")
+                .node("worker-2")
+                .label("app", "web")
+                .owner("ReplicaSet", "web")
+                .ready(true),
+        )
+        .expect("pod");
+    });
+    let report = drain::drain(&client(&emu).await, NODE, &o)
+        .await
+        .expect("drain");
+    opener.await.expect("opener");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    assert!(report.elapsed >= Duration::from_millis(700));
+}
+
+#[tokio::test]
+async fn survives_api_errors_and_a_dropped_watch() {
+    let emu = emulator().await;
+    for i in 0..20 {
+        emu.seed_pod(web(&format!("web-{i}")).grace(30))
+            .expect("pod");
+    }
+    emu.add_fault(FaultRule::count("create", "pods/eviction", 500, 5));
+    emu.add_fault(FaultRule::count("create", "pods/eviction", 503, 3));
+    let emu2 = emu.clone();
+    let dropper = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        emu2.close_watches();
+    });
+    let report = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(20)))
+        .await
+        .expect("drain");
+    dropper.await.expect("dropper");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    assert_eq!(report.evicted.len(), 20);
+    assert!(
+        report.eviction_requests >= 28,
+        "faults were not hit: {}",
+        report.eviction_requests
+    );
+    assert!(pods_on(&emu, NODE).is_empty());
+}
+
+#[tokio::test]
+async fn forbidden_names_the_permission() {
+    let emu = emulator().await;
+    emu.seed_pod(web("web-0")).expect("pod");
+    emu.add_fault(FaultRule::count("create", "pods/eviction", 403, 1));
+    let err = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(5)))
+        .await
+        .expect_err("forbidden");
+    assert!(err.to_string().contains("create pods/eviction"), "{err}");
+}
+
+#[tokio::test]
+async fn multiple_budgets_are_refused_not_retried() {
+    let emu = emulator().await;
+    emu.seed_pod(web("web-0")).expect("pod");
+    pdb(&emu, "a", "web", json!({"maxUnavailable": 1}));
+    pdb(&emu, "b", "web", json!({"maxUnavailable": 1}));
+    let report = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(5)))
+        .await
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Refused, "{report}");
+    assert!(
+        report.refused[0]
+            .1
+            .contains("more than one PodDisruptionBudget"),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn admin_cordon_is_never_undone() {
+    let emu = emulator().await;
+    let c = client(&emu).await;
+    emu.modify("nodes", None, NODE, |n| {
+        n["spec"]["unschedulable"] = json!(true)
+    })
+    .expect("admin cordon");
+    let report = drain::drain(&c, NODE, &options(Duration::from_secs(5)))
+        .await
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Drained);
+    let node = emu.get("nodes", None, NODE).expect("node");
+    assert!(
+        node.pointer("/metadata/annotations/nodeward.io~1cordoned-by")
+            .is_none(),
+        "claimed an admin's cordon"
+    );
+    let err = drain::uncordon(&c, NODE, false).await.expect_err("refused");
+    assert!(err.to_string().contains("not by nodeward"), "{err}");
+    assert_eq!(
+        emu.get("nodes", None, NODE)
+            .and_then(|n| n.pointer("/spec/unschedulable").cloned()),
+        Some(json!(true))
+    );
+    assert_eq!(
+        drain::uncordon(&c, NODE, true).await.expect("forced"),
+        drain::UncordonOutcome::Uncordoned
+    );
+}
+
+#[tokio::test]
+async fn own_cordon_is_undone_with_its_label() {
+    let emu = emulator().await;
+    let c = client(&emu).await;
+    assert_eq!(
+        drain::cordon(&c, NODE, "test", true).await.expect("cordon"),
+        drain::CordonOutcome::Cordoned
+    );
+    assert_eq!(
+        drain::cordon(&c, NODE, "test", true).await.expect("again"),
+        drain::CordonOutcome::AlreadyOurs
+    );
+    let node = emu.get("nodes", None, NODE).expect("node");
+    assert_eq!(
+        node.pointer("/metadata/labels/node.kubernetes.io~1exclude-from-external-load-balancers"),
+        Some(&json!("true"))
+    );
+    assert_eq!(
+        drain::uncordon(&c, NODE, false).await.expect("uncordon"),
+        drain::UncordonOutcome::Uncordoned
+    );
+    let node = emu.get("nodes", None, NODE).expect("node");
+    assert_ne!(node.pointer("/spec/unschedulable"), Some(&json!(true)));
+    assert!(
+        node.pointer("/metadata/labels/node.kubernetes.io~1exclude-from-external-load-balancers")
+            .is_none()
+    );
+    assert!(
+        node.pointer("/metadata/annotations/nodeward.io~1cordoned-by")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn rerun_after_an_interrupted_drain_finishes_the_job() {
+    let emu = emulator().await;
+    for i in 0..3 {
+        emu.seed_pod(web(&format!("web-{i}"))).expect("pod");
+    }
+    pdb(&emu, "web", "web", json!({"minAvailable": 3}));
+    let c = client(&emu).await;
+    let interrupted = tokio::time::timeout(
+        Duration::from_millis(300),
+        drain::drain(&c, NODE, &options(Duration::from_secs(30))),
+    )
+    .await;
+    assert!(
+        interrupted.is_err(),
+        "the blocked drain should still be running"
+    );
+    emu.delete("poddisruptionbudgets", Some("default"), "web")
+        .expect("open the budget");
+    let report = drain::drain(&c, NODE, &options(Duration::from_secs(10)))
+        .await
+        .expect("rerun");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    let again = drain::drain(&c, NODE, &options(Duration::from_secs(10)))
+        .await
+        .expect("third run");
+    assert_eq!(again.outcome, DrainOutcome::Drained);
+    assert_eq!(again.eviction_requests, 0);
+    assert!(
+        again.elapsed < Duration::from_millis(500),
+        "{:?}",
+        again.elapsed
+    );
+}
