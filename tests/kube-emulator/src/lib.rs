@@ -249,21 +249,16 @@ impl EmulatorHandle {
     }
 
     /// Creates an object from its JSON (kind and apiVersion pick the resource; the namespace
-    /// defaults to `default`). Returns the stored object.
+    /// defaults to `default`). Unlike a create through the API, a given status is kept, so
+    /// seeds can start Running and Ready. Returns the stored object.
     pub fn create(&self, obj: Value) -> Result<Value> {
         let res = Self::resource_of(&obj)?;
         let ns = obj
             .pointer("/metadata/namespace")
             .and_then(Value::as_str)
             .map(str::to_string);
-        let created = self.store().create(
-            res,
-            Some(ns_of(res, ns.as_deref()))
-                .filter(|n| !n.is_empty())
-                .as_deref(),
-            obj,
-            false,
-        )?;
+        let ns = Some(ns_of(res, ns.as_deref())).filter(|n| !n.is_empty());
+        let created = self.store().seed(res, ns.as_deref(), obj)?;
         Ok(created.value.clone())
     }
 

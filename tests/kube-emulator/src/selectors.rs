@@ -103,7 +103,13 @@ impl LabelSelector {
 
     /// Whether an object's labels satisfy every requirement.
     pub fn matches(&self, obj: &Value) -> bool {
-        let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
+        if self.reqs.is_empty() {
+            return true;
+        }
+        let labels = obj
+            .get("metadata")
+            .and_then(|m| m.get("labels"))
+            .and_then(Value::as_object);
         let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
         self.reqs.iter().all(|r| match r {
             LabelReq::In(k, vs) => get(k).is_some_and(|v| vs.iter().any(|x| x == v)),
@@ -327,8 +333,8 @@ pub fn field_value(obj: &Value, field: &str) -> String {
             .unwrap_or_default()
             .to_string();
     }
-    let pointer = format!("/{}", field.replace('.', "/"));
-    match obj.pointer(&pointer) {
+    let found = field.split('.').try_fold(obj, |v, part| v.get(part));
+    match found {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Bool(b)) => b.to_string(),
         Some(Value::Number(n)) => n.to_string(),

@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use crate::error::ApiError;
 use crate::patch::{self, PatchError};
 use crate::pdb;
-use crate::resources::{NAMESPACES, PDBS, PODS, RESOURCES, ResId, ResourceDef};
+use crate::resources::{NAMESPACES, NODES, PDBS, PODS, RESOURCES, ResId, ResourceDef};
 use crate::selectors::{FieldSelector, LabelSelector};
 
 /// Storage key: (namespace, name); the namespace is empty for cluster-scoped objects.
@@ -136,11 +136,16 @@ impl Filter {
     /// Whether an object passes.
     pub fn matches(&self, obj: &Value) -> bool {
         if let Some(ns) = &self.namespace
-            && obj.pointer("/metadata/namespace").and_then(Value::as_str) != Some(ns.as_str())
+            && meta_str(obj, "namespace") != Some(ns.as_str())
         {
             return false;
         }
         self.labels.matches(obj) && self.fields.matches(obj)
+    }
+
+    /// Whether no label or field requirement is set (the namespace aside).
+    pub fn selects_all(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
     }
 }
 
@@ -443,6 +448,42 @@ fn parse_continue(token: &str) -> Option<(u64, Key)> {
     ))
 }
 
+/// `qos.GetPodQOS`, simplified: Guaranteed when every container limits cpu and memory (and
+/// requests nothing different), BestEffort when no container requests or limits anything.
+fn qos_class(pod: &Value) -> &'static str {
+    let containers: Vec<&Value> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .map(|c| c.iter().collect())
+        .unwrap_or_default();
+    let section = |c: &Value, which: &str| {
+        c.pointer(&format!("/resources/{which}"))
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let any = containers
+        .iter()
+        .any(|c| !section(c, "requests").is_empty() || !section(c, "limits").is_empty());
+    if !any {
+        return "BestEffort";
+    }
+    let guaranteed = !containers.is_empty()
+        && containers.iter().all(|c| {
+            let limits = section(c, "limits");
+            let requests = section(c, "requests");
+            ["cpu", "memory"].iter().all(|r| {
+                limits.get(*r).is_some()
+                    && requests.get(*r).is_none_or(|q| Some(q) == limits.get(*r))
+            })
+        });
+    if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
 /// Folds a Secret's write-only `stringData` into `data` (base64), as the apiserver does.
 fn fold_string_data(obj: &mut Value) {
     use base64::Engine;
@@ -515,7 +556,7 @@ impl Store {
         for ns in INITIAL_NAMESPACES {
             let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
             // Creating a fresh namespace in an empty store cannot fail.
-            let _ = state.create(NAMESPACES, None, obj, false);
+            let _ = state.create(NAMESPACES, None, obj, false, false);
         }
         Self {
             state: Mutex::new(state),
@@ -585,13 +626,15 @@ impl Store {
         });
         let (cont, remaining) = match (more, last_key) {
             (true, Some(k)) => {
-                let remaining = if filter.labels.is_empty() && filter.fields.is_empty() {
-                    let mut n = 0u64;
-                    st.select(res, filter, Some(&k), |_, _| {
-                        n += 1;
-                        true
-                    });
-                    Some(n)
+                let remaining = if filter.selects_all() {
+                    // Count keys only: no object is touched.
+                    let objects = &st.tables[res].objects;
+                    let rest = objects.range((Bound::Excluded(k.clone()), Bound::Unbounded));
+                    let n = match &filter.namespace {
+                        Some(ns) => rest.take_while(|(key, _)| key.0 == *ns).count(),
+                        None => rest.count(),
+                    };
+                    Some(n as u64)
                 } else {
                     None
                 };
@@ -607,7 +650,9 @@ impl Store {
         })
     }
 
-    /// Creates an object (`ns` is the namespace of the request path).
+    /// Creates an object as the API does (`ns` is the namespace of the request path): a
+    /// pod's status is reset to `Pending`, and other status is dropped, except a Node's (the
+    /// kubelet registers its node with status).
     pub fn create(
         &self,
         res: ResId,
@@ -615,7 +660,13 @@ impl Store {
         body: Value,
         dry_run: bool,
     ) -> Result<Arc<Obj>, ApiError> {
-        self.lock().create(res, ns, body, dry_run)
+        self.lock().create(res, ns, body, dry_run, false)
+    }
+
+    /// Creates an object for a test's seed: like [`Store::create`], but a given status is kept
+    /// (a pod may be seeded Running and Ready).
+    pub fn seed(&self, res: ResId, ns: Option<&str>, body: Value) -> Result<Arc<Obj>, ApiError> {
+        self.lock().create(res, ns, body, false, true)
     }
 
     /// Replaces an object (PUT), or its status (`status_only`).
@@ -866,8 +917,9 @@ impl State {
         mut f: impl FnMut(&Key, &Arc<Obj>) -> bool,
     ) {
         let table = &self.tables[res];
+        let all = filter.selects_all();
         let visit = |key: &Key, obj: &Arc<Obj>, f: &mut dyn FnMut(&Key, &Arc<Obj>) -> bool| {
-            if filter.labels.matches(&obj.value) && filter.fields.matches(&obj.value) {
+            if all || (filter.labels.matches(&obj.value) && filter.fields.matches(&obj.value)) {
                 f(key, obj)
             } else {
                 true
@@ -1114,6 +1166,7 @@ impl State {
         ns: Option<&str>,
         mut obj: Value,
         dry_run: bool,
+        keep_status: bool,
     ) -> Result<Arc<Obj>, ApiError> {
         let def = Self::def(res);
         if !obj.is_object() {
@@ -1198,6 +1251,9 @@ impl State {
                 meta.remove("generation");
             }
         }
+        if !keep_status && def.has_status && res != NODES {
+            obj.as_object_mut().map(|o| o.remove("status"));
+        }
         match res {
             PODS => {
                 let spec = obj
@@ -1225,6 +1281,9 @@ impl State {
                 }
                 if obj.pointer("/status/phase").is_none() {
                     obj["status"]["phase"] = json!("Pending");
+                }
+                if obj.pointer("/status/qosClass").is_none() {
+                    obj["status"]["qosClass"] = json!(qos_class(&obj));
                 }
                 if self.config.auto_ready && !node_name(&obj).is_empty() {
                     set_ready_status(&mut obj, true);
@@ -1431,10 +1490,9 @@ impl State {
                 .and_then(Value::as_i64)
                 .unwrap_or(0)
                 == 0
+            && let Some(last) = self.remove(res, &key)
         {
-            if let Some(last) = self.remove(res, &key) {
-                return Ok(last);
-            }
+            return Ok(last);
         }
         if res == PDBS {
             self.recompute_pdb(&key);
@@ -1480,7 +1538,8 @@ impl State {
                     ));
                 }
                 meta_mut(&mut obj).insert("name".into(), json!(name));
-                let created = self.create(res, def.namespaced.then_some(ns), obj, dry_run)?;
+                let created =
+                    self.create(res, def.namespaced.then_some(ns), obj, dry_run, false)?;
                 return Ok((created, true));
             }
             return Err(ApiError::not_found(def, name));
@@ -1866,6 +1925,35 @@ mod tests {
             .update(PODS, "default", "a", body, false, false)
             .expect_err("stale");
         assert_eq!((e.code, e.reason), (409, "Conflict"));
+    }
+
+    #[test]
+    fn auto_ready_on_create_and_on_binding() {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let s = Store::new(
+            StoreConfig {
+                grace_scale: 1.0,
+                auto_ready: true,
+                history_window: 10,
+                watch_buffer: 10,
+            },
+            tx,
+        );
+        let bound = s
+            .create(PODS, Some("default"), pod("a", "n1", json!({})), false)
+            .expect("created");
+        assert_eq!(bound.value["status"]["phase"], "Running");
+        assert!(pdb::is_pod_ready(&bound.value));
+        let unbound = s
+            .create(PODS, Some("default"), pod("b", "", json!({})), false)
+            .expect("created");
+        assert_eq!(unbound.value["status"]["phase"], "Pending");
+        let bound = s
+            .modify(PODS, "default", "b", |p| {
+                p["spec"]["nodeName"] = json!("n2")
+            })
+            .expect("bound");
+        assert!(pdb::is_pod_ready(&bound.value));
     }
 
     #[test]
