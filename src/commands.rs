@@ -186,7 +186,22 @@ async fn client_for(
     Ok(crate::kube_client::client(arg.or(settings.node.kubeconfig.as_deref())).await?)
 }
 
+/// While this file exists `nodeward drain` does nothing: the package's prerm creates it around
+/// stopping nodeward-drain.service on removal, because removing the package is not a decision to
+/// drain the node (the unit's ExecStop is `nodeward drain`).
+pub const NO_DRAIN_MARKER: &str = "/run/nodeward/no-drain";
+/// Overrides [`NO_DRAIN_MARKER`] (tests).
+pub const NO_DRAIN_MARKER_ENV: &str = "NODEWARD_NO_DRAIN_MARKER";
+
 async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
+    let marker = std::env::var_os(NO_DRAIN_MARKER_ENV).map_or_else(
+        || std::path::PathBuf::from(NO_DRAIN_MARKER),
+        std::path::PathBuf::from,
+    );
+    if marker.exists() {
+        tracing::warn!(marker = %marker.display(), "not draining: the marker is present (the package is being removed)");
+        return Ok(EXIT_OK);
+    }
     let (settings, _) = crate::config::load(config)?;
     let node = node_name(args.node.as_deref(), &settings)?;
     let mut opts = crate::drain::DrainOptions::from_settings(&settings.drain, "nodeward drain");

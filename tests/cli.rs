@@ -1,5 +1,5 @@
-//! `nodeward render` end to end: the real binary, the shipped template, and the real
-//! `cloud-init schema` validator.
+//! The real `nodeward` binary end to end: render with the shipped template and the real
+//! `cloud-init schema` validator, config check, completions, man pages, and drain guards.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -351,4 +351,37 @@ fn completions_and_man_pages_are_generated() {
     let page = std::fs::read_to_string(dir.path().join("nodeward.1")).expect("nodeward.1");
     assert!(page.contains(".TH nodeward"), "not a man page");
     assert!(dir.path().join("nodeward-render.1").exists());
+}
+
+#[test]
+fn drain_does_nothing_while_the_no_drain_marker_exists() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("no-drain");
+    std::fs::write(&marker, "").expect("marker");
+    // A kubeconfig that points nowhere: if the drain ran, it would fail to connect.
+    let out = Command::cargo_bin("nodeward")
+        .expect("binary")
+        .args(["drain", "node-x", "--kubeconfig", "/nonexistent/kubeconfig"])
+        .env("NODEWARD_NO_DRAIN_MARKER", &marker)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not draining"));
+    std::fs::remove_file(&marker).expect("rm");
+    let out = Command::cargo_bin("nodeward")
+        .expect("binary")
+        .args(["drain", "node-x", "--kubeconfig", "/nonexistent/kubeconfig"])
+        .env("NODEWARD_NO_DRAIN_MARKER", &marker)
+        .output()
+        .expect("run");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "without the marker the drain runs (and fails here)"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/kubeconfig"));
 }
