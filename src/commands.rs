@@ -211,6 +211,12 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
     }
     opts.plan.force |= args.force;
     opts.plan.delete_emptydir_data |= args.delete_emptydir_data;
+    // As nodeward-drain.service's ExecStop during a system shutdown, the cordon is a shutdown
+    // cordon that the agent lifts after the reboot; an operator's drain stays.
+    opts.shutdown = system_is_stopping().await;
+    if opts.shutdown {
+        opts.reason = "shutdown (nodeward-drain.service stopped by the system)".into();
+    }
     let client = client_for(args.kubeconfig.as_deref(), &settings).await?;
     if args.dry_run {
         let plan = crate::drain::dry_run(&client, &node, &opts).await?;
@@ -224,6 +230,24 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         crate::drain::DrainOutcome::Refused => EXIT_REFUSED,
         crate::drain::DrainOutcome::DeadlineExceeded => EXIT_DEADLINE,
     })
+}
+
+/// How long `systemctl is-system-running` may take before the answer counts as "not stopping".
+const SYSTEMCTL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether systemd is shutting the machine down (`systemctl is-system-running` says
+/// "stopping"). Anything else, including no systemd at all, counts as not stopping.
+async fn system_is_stopping() -> bool {
+    let run = tokio::process::Command::new("systemctl")
+        .arg("is-system-running")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(SYSTEMCTL_TIMEOUT, run).await {
+        Ok(Ok(out)) => String::from_utf8_lossy(&out.stdout).trim() == "stopping",
+        _ => false,
+    }
 }
 
 fn print_plan(node: &str, plan: &crate::drain::plan::Plan) {

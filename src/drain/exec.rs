@@ -112,6 +112,9 @@ pub struct DrainOptions {
     pub exclude_from_load_balancers: bool,
     /// Why, recorded in the cordon annotation and events.
     pub reason: String,
+    /// The machine is shutting down: the cordon is recorded as a shutdown cordon, which the
+    /// agent lifts when the node comes back (see [`cordon::lift_after_shutdown`]).
+    pub shutdown: bool,
 }
 
 impl DrainOptions {
@@ -128,6 +131,7 @@ impl DrainOptions {
             on_deadline: s.on_deadline,
             exclude_from_load_balancers: s.exclude_from_load_balancers,
             reason: reason.into(),
+            shutdown: false,
         }
     }
 }
@@ -252,6 +256,17 @@ pub async fn cordon(
     reason: &str,
     exclude_lb: bool,
 ) -> Result<CordonOutcome> {
+    cordon_recorded(client, node, reason, exclude_lb, false).await
+}
+
+/// [`cordon`], recording whether the cordon is for a shutdown.
+async fn cordon_recorded(
+    client: &Client,
+    node: &str,
+    reason: &str,
+    exclude_lb: bool,
+    shutdown: bool,
+) -> Result<CordonOutcome> {
     let nodes: Api<Node> = Api::all(client.clone());
     for _ in 0..PATCH_ATTEMPTS {
         let current = nodes.get(node).await.map_err(api_err(node, "get"))?;
@@ -276,6 +291,7 @@ pub async fn cordon(
             reason: reason.to_string(),
             at: jiff::Timestamp::now().to_string(),
             excluded_from_lb: add_lb,
+            shutdown,
         };
         let mut patch = json!({
             "metadata": {
@@ -307,8 +323,29 @@ pub async fn cordon(
     })
 }
 
+/// Lifts the cordon nodeward made for a shutdown (the agent calls this when the node is back and
+/// its gates pass); any other cordon is left alone and reported as such.
+pub async fn uncordon_after_shutdown(client: &Client, node: &str) -> Result<UncordonOutcome> {
+    uncordon_if(client, node, |n| {
+        cordon::lift_after_shutdown(n).unwrap_or(UncordonDecision::NotCordoned {
+            stale_record: false,
+        })
+    })
+    .await
+}
+
 /// Lifts nodeward's own cordon; refuses someone else's unless `force`.
 pub async fn uncordon(client: &Client, node: &str, force: bool) -> Result<UncordonOutcome> {
+    uncordon_if(client, node, |n| cordon::uncordon_decision(n, force)).await
+}
+
+/// Uncordons as `decide` says, re-deciding on every conflict so a concurrent change of the
+/// Node (an admin's cordon) is never overwritten.
+async fn uncordon_if(
+    client: &Client,
+    node: &str,
+    decide: impl Fn(&Node) -> UncordonDecision,
+) -> Result<UncordonOutcome> {
     let nodes: Api<Node> = Api::all(client.clone());
     for _ in 0..PATCH_ATTEMPTS {
         let current = nodes.get(node).await.map_err(api_err(node, "get"))?;
@@ -318,7 +355,7 @@ pub async fn uncordon(client: &Client, node: &str, force: bool) -> Result<Uncord
                 "annotations": {CORDONED_BY: null},
             },
         });
-        let outcome = match cordon::uncordon_decision(&current, force) {
+        let outcome = match decide(&current) {
             UncordonDecision::ByOther { who } => {
                 return Err(Error::CordonedByOther {
                     node: node.to_string(),
@@ -570,11 +607,12 @@ impl<'a> Drain<'a> {
             .await
             .map_err(api_err(self.node, "get"))?;
         self.node_ref = Some(node_obj.object_ref(&()));
-        let cordoned = cordon(
+        let cordoned = cordon_recorded(
             self.client,
             self.node,
             &self.opts.reason,
             self.opts.exclude_from_load_balancers,
+            self.opts.shutdown,
         )
         .await?;
         if cordoned == CordonOutcome::Cordoned {

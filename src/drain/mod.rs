@@ -12,5 +12,5 @@ pub mod plan;
 
 pub use exec::{
     CordonOutcome, DrainOptions, DrainOutcome, DrainReport, UncordonOutcome, cordon, drain,
-    dry_run, uncordon,
+    dry_run, uncordon, uncordon_after_shutdown,
 };
