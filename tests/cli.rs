@@ -357,14 +357,17 @@ fn completions_and_man_pages_are_generated() {
 fn drain_does_nothing_while_the_no_drain_marker_exists() {
     let dir = tempfile::tempdir().expect("tempdir");
     let marker = dir.path().join("no-drain");
+    // A kubeconfig that points nowhere: if the drain ran, it would fail to read it.
+    let drain = || {
+        Command::cargo_bin("nodeward")
+            .expect("binary")
+            .args(["drain", "node-x", "--kubeconfig", "/nonexistent/kubeconfig"])
+            .env("NODEWARD_NO_DRAIN_MARKER", &marker)
+            .output()
+            .expect("run")
+    };
     std::fs::write(&marker, "").expect("marker");
-    // A kubeconfig that points nowhere: if the drain ran, it would fail to connect.
-    let out = Command::cargo_bin("nodeward")
-        .expect("binary")
-        .args(["drain", "node-x", "--kubeconfig", "/nonexistent/kubeconfig"])
-        .env("NODEWARD_NO_DRAIN_MARKER", &marker)
-        .output()
-        .expect("run");
+    let out = drain();
     assert!(
         out.status.success(),
         "{}",
@@ -372,12 +375,7 @@ fn drain_does_nothing_while_the_no_drain_marker_exists() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("not draining"));
     std::fs::remove_file(&marker).expect("rm");
-    let out = Command::cargo_bin("nodeward")
-        .expect("binary")
-        .args(["drain", "node-x", "--kubeconfig", "/nonexistent/kubeconfig"])
-        .env("NODEWARD_NO_DRAIN_MARKER", &marker)
-        .output()
-        .expect("run");
+    let out = drain();
     assert_eq!(
         out.status.code(),
         Some(1),
