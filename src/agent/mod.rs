@@ -48,6 +48,9 @@ const LOGIND_RETRY_MIN: Duration = Duration::from_millis(100);
 const LOGIND_RETRY_MAX: Duration = Duration::from_secs(1);
 /// After a failed write to the Node (API down), reconcile again this soon even without an event.
 const RECONCILE_RETRY: Duration = Duration::from_secs(2);
+/// The drain engine's own deadline ends this much before the lock's, so its report (pods left
+/// behind, the DrainTimedOut Event) is in hand before the lock must go.
+const DRAIN_REPORT_SLACK: Duration = Duration::from_millis(250);
 /// A failed drain attempt during a shutdown (API unreachable) is retried after this, until the
 /// deadline: the API may come back while logind still waits.
 const DRAIN_RETRY: Duration = Duration::from_millis(500);
@@ -130,6 +133,7 @@ struct Agent {
     phase: Phase,
     lock: Lock,
     lock_fd: Option<OwnedFd>,
+    lock_takes: u32,
     logind: Option<Logind>,
     cap: Option<Duration>,
     cap_fix_tried: bool,
@@ -181,6 +185,7 @@ impl Agent {
             phase: Phase::Booting,
             lock: Lock::Unheld,
             lock_fd: None,
+            lock_takes: 0,
             logind: None,
             cap: None,
             cap_fix_tried: false,
@@ -440,6 +445,7 @@ impl Agent {
                 };
                 drop(self.lock_fd.replace(fd));
                 self.lock_to(ev);
+                self.lock_takes += 1;
                 self.logind_backoff = LOGIND_RETRY_MIN;
                 info!(who = logind::WHO, event = ?ev, "shutdown delay lock held");
                 self.check_logind(&l).await;
@@ -469,15 +475,15 @@ impl Agent {
             }
             Err(e) => warn!(error = %e, "cannot read logind's InhibitDelayMaxUSec"),
         }
-        if let Some(cap) = self.cap {
-            if logind::cap_too_short(cap, timeout, margin) {
-                let w = format!(
-                    "logind's InhibitDelayMaxSec is {cap:?}, below drain.timeout {timeout:?} + shutdown.safety_margin {margin:?}: shutdown drains get only {:?}",
-                    logind::drain_deadline(cap, margin, timeout)
-                );
-                error!(cap = ?cap, "{w}");
-                warnings.push(w);
-            }
+        if let Some(cap) = self.cap
+            && logind::cap_too_short(cap, timeout, margin)
+        {
+            let w = format!(
+                "logind's InhibitDelayMaxSec is {cap:?}, below drain.timeout {timeout:?} + shutdown.safety_margin {margin:?}: shutdown drains get only {:?}",
+                logind::drain_deadline(cap, margin, timeout)
+            );
+            error!(cap = ?cap, "{w}");
+            warnings.push(w);
         }
         match l.list_inhibitors().await {
             Ok(list) => {
@@ -626,7 +632,11 @@ impl Agent {
                 loop {
                     let left = until.saturating_duration_since(Instant::now());
                     let mut o = opts.clone();
-                    o.timeout = left;
+                    o.timeout = if left > DRAIN_REPORT_SLACK * 2 {
+                        left - DRAIN_REPORT_SLACK
+                    } else {
+                        left
+                    };
                     match tokio::time::timeout(left, crate::drain::drain(&client, &node, &o)).await
                     {
                         Ok(Ok(r)) => return report_summary(&r),
@@ -638,7 +648,9 @@ impl Agent {
                         Ok(Err(e)) => return outcome(&format!("failed: {e}")),
                         Err(_) if last_error.is_empty() => return outcome("deadline exceeded"),
                         Err(_) => {
-                            return outcome(&format!("deadline exceeded; last error: {last_error}"));
+                            return outcome(&format!(
+                                "deadline exceeded; last error: {last_error}"
+                            ));
                         }
                     }
                 }
@@ -807,6 +819,7 @@ impl Agent {
             node: self.node.clone(),
             phase: self.phase,
             lock: self.lock,
+            lock_takes: self.lock_takes,
             inhibit_delay_max_ms: self.cap.map(millis),
             waiting_for: line,
             node_registered: n.is_some(),
@@ -880,14 +893,34 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// This boot's start, from `btime` in /proc/stat.
+/// This boot's start: the wall clock now minus the time since boot (`CLOCK_BOOTTIME`, which
+/// counts suspended time too). A syscall rather than /proc/stat, which the hardened unit hides
+/// (`ProcSubset=pid`).
 fn boot_time() -> Option<jiff::Timestamp> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let secs: i64 = stat
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
-    jiff::Timestamp::from_second(secs).ok()
+    use nix::time::{ClockId, clock_gettime};
+    let since_boot = clock_gettime(ClockId::CLOCK_BOOTTIME).ok()?;
+    let up = jiff::SignedDuration::new(
+        since_boot.tv_sec(),
+        i32::try_from(since_boot.tv_nsec()).ok()?,
+    );
+    jiff::Timestamp::now().checked_sub(up).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn boot_time_is_in_the_past_and_agrees_with_proc_stat() {
+        let boot = super::boot_time().expect("CLOCK_BOOTTIME");
+        assert!(boot < jiff::Timestamp::now());
+        let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+        let btime: i64 = stat
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("btime");
+        assert!(
+            (boot.as_second() - btime).abs() <= 2,
+            "{boot} vs btime {btime}"
+        );
+    }
 }

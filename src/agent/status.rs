@@ -70,6 +70,9 @@ pub struct Status {
     pub phase: Phase,
     /// The inhibitor lock.
     pub lock: Lock,
+    /// How many times the agent has taken the lock (more than once after logind or the bus
+    /// restarted, or a shutdown was cancelled).
+    pub lock_takes: u32,
     /// logind's `InhibitDelayMaxUSec`, in milliseconds, when known.
     pub inhibit_delay_max_ms: Option<u64>,
     /// What the agent waits for, as in systemd's STATUS=.
@@ -122,8 +125,9 @@ impl std::fmt::Display for Status {
         writeln!(f, "waiting for:   {}", self.waiting_for)?;
         writeln!(
             f,
-            "shutdown lock: {:?} (logind InhibitDelayMaxSec: {})",
+            "shutdown lock: {:?}, taken {} time(s) (logind InhibitDelayMaxSec: {})",
             self.lock,
+            self.lock_takes,
             self.inhibit_delay_max_ms.map_or("unknown".into(), ms)
         )?;
         writeln!(
@@ -197,6 +201,7 @@ mod tests {
             node: "worker-1".into(),
             phase: Phase::Gated,
             lock: Lock::Held,
+            lock_takes: 1,
             inhibit_delay_max_ms: Some(120_000),
             waiting_for: "gates".into(),
             node_registered: true,

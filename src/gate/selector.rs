@@ -96,7 +96,8 @@ mod tests {
 
     #[test]
     fn matching() {
-        let cases: &[(&str, &[(&str, &str)], bool)] = &[
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bool);
+        let cases: &[Case<'_>] = &[
             ("app=flannel", &[("app", "flannel")], true),
             ("app==flannel", &[("app", "flannel")], true),
             ("app=flannel", &[("app", "calico")], false),
