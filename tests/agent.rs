@@ -216,7 +216,10 @@ file = [{{ path = "{flannel}", contains = "FLANNEL_SUBNET=" }}]
     cmd.arg("agent")
         .arg("--config")
         .arg(dir.path().join("config.toml"))
-        .env("RUST_LOG", "info,kube=warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("AGENT_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+        )
         .env_remove("NOTIFY_SOCKET")
         .env_remove("JOURNAL_STREAM")
         .stdout(std::process::Stdio::null())
@@ -904,5 +907,100 @@ async fn execstop_drain_drains_and_the_agent_keeps_the_cordon() {
     assert!(
         cordoned_by_us(&emu_node(&emu)),
         "the operator's drain stays cordoned"
+    );
+}
+
+/// systemd 255+ says which kind of shutdown it is (`PrepareForShutdownWithMetadata`); logind 252
+/// cannot, so dbusmock's logind plays it: a reboot with `on_reboot = "cordon"` only cordons,
+/// evicts nothing, and releases the lock.
+#[tokio::test]
+async fn logind_metadata_reboot_applies_the_reboot_policy() {
+    let h = match LogindHarness::start(Options {
+        mode: Mode::DbusmockLogind,
+        ..Options::default()
+    })
+    .await
+    {
+        Ok(h) => h,
+        Err(e) => panic!("cannot start the logind harness: {e}"),
+    };
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    seed_workload(&emu, 2);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: None,
+        // dbusmock's cap is 5 s: a 2 s drain fits, so the agent leaves logind's config alone.
+        extra: "#DROPIN\n[drain]\ntimeout = \"2s\"\n[shutdown]\non_reboot = \"cordon\"\non_poweroff = \"drain\"\non_unknown = \"drain\"\n",
+    });
+    agent
+        .wait_status("lock held", |s| {
+            s.lock == nodeward::agent::state::Lock::Held
+        })
+        .await;
+    let conn = h.connection().await.expect("bus");
+    let meta: std::collections::HashMap<&str, zbus::zvariant::Value<'_>> =
+        [("type", zbus::zvariant::Value::from("reboot"))].into();
+    conn.call_method(
+        Some("org.freedesktop.login1"),
+        "/org/freedesktop/login1",
+        Some("org.freedesktop.DBus.Mock"),
+        "EmitSignal",
+        &(
+            "org.freedesktop.login1.Manager",
+            "PrepareForShutdownWithMetadata",
+            "ba{sv}",
+            vec![
+                zbus::zvariant::Value::from(true),
+                zbus::zvariant::Value::from(meta),
+            ],
+        ),
+    )
+    .await
+    .expect("EmitSignal");
+    let st = agent
+        .wait_status("shutdown handled", |s| s.last_drain.is_some())
+        .await;
+    let d = st.last_drain.as_ref().expect("drain");
+    assert_eq!(d.kind, nodeward::logind::ShutdownKind::Reboot, "{st}");
+    assert_eq!(d.policy, nodeward::config::ShutdownPolicy::Cordon, "{st}");
+    assert_eq!(d.outcome, "cordoned", "{st}");
+    assert_eq!(st.lock, nodeward::agent::state::Lock::Released);
+    assert!(cordoned_by_us(&emu_node(&emu)));
+    assert!(emu.evictions().is_empty(), "the reboot policy only cordons");
+    h.shutdown().await;
+}
+
+/// Idle, the agent sends nothing but its watches' renewals: no gets, no patches, no lists.
+#[tokio::test]
+async fn idle_agent_sends_no_requests() {
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: None,
+        dropin_dir: None,
+        extra: "",
+    });
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    agent
+        .wait_status("ready", |s| s.phase == nodeward::agent::state::Phase::Ready)
+        .await;
+    emu.clear_requests();
+    // Measuring an absence takes a window; nothing to await here.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counts = emu.request_counts();
+    let busy: Vec<_> = counts
+        .iter()
+        .filter(|c| c.count > 0 && c.verb != "watch")
+        .collect();
+    assert!(
+        busy.is_empty(),
+        "idle requests: {busy:?}\n{}",
+        agent.log_text()
     );
 }

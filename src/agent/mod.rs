@@ -60,6 +60,9 @@ const CAP_REREAD_ATTEMPTS: u32 = 20;
 /// ... this far apart (one second in all).
 const CAP_REREAD_INTERVAL: Duration = Duration::from_millis(50);
 
+/// logind's process name (`/proc/PID/comm`).
+const LOGIND_COMM: &str = "systemd-logind";
+
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -528,6 +531,13 @@ impl Agent {
         let Ok(pid_i) = i32::try_from(pid) else {
             return cap;
         };
+        // SIGHUP makes logind reload but kills most other programs: signal only a process that
+        // is logind, whatever owns its bus name.
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != LOGIND_COMM {
+            error!(pid, comm = %comm.trim(), "the owner of org.freedesktop.login1 is not systemd-logind; not sending SIGHUP");
+            return cap;
+        }
         if let Err(e) = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid_i),
             nix::sys::signal::Signal::SIGHUP,
@@ -737,9 +747,8 @@ impl Agent {
                     }
                     match node::set_startup_taint(&self.client, &self.node, add).await {
                         Ok(n) => {
-                            if let Some(n) = n {
-                                self.node_obj = Some(n);
-                            }
+                            // Fresher than the watch, which may still deliver older versions.
+                            self.node_obj = Some(n);
                             true
                         }
                         Err(e) => {

@@ -61,6 +61,9 @@ impl FileWatcher {
     pub fn new(paths: Vec<PathBuf>, tx: mpsc::UnboundedSender<()>) -> Result<Self, Error> {
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             match res {
+                // Opening, reading and closing a file changes nothing, and the agent's own reads
+                // would otherwise feed back into endless re-reads.
+                Ok(ev) if matches!(ev.kind, notify::EventKind::Access(_)) => return,
                 Ok(ev) => debug!(kind = ?ev.kind, paths = ?ev.paths, "file event"),
                 Err(e) => warn!(error = %e, "inotify error; re-reading the gate files"),
             }
@@ -208,5 +211,18 @@ mod tests {
             }
         }
         assert_eq!(w.read_all().len(), 1);
+        // Reading the file (as the agent does after every event) must not announce a change.
+        while rx.try_recv().is_ok() {}
+        for _ in 0..3 {
+            assert!(matches!(read(&path), FileFact::Present(_)));
+        }
+        // A write after the reads is the next thing the channel carries: sync with it.
+        std::fs::write(root.path().join("flannel/other"), "x").expect("write");
+        rx.recv().await.expect("event for the write");
+        let mut extra = 0;
+        while rx.try_recv().is_ok() {
+            extra += 1;
+        }
+        assert!(extra <= 2, "reads produced {extra} events");
     }
 }
