@@ -1004,3 +1004,50 @@ async fn idle_agent_sends_no_requests() {
         agent.log_text()
     );
 }
+
+/// A machine that goes down before kubeadm join registered its Node has nothing to drain: the
+/// lock goes at once instead of at the deadline.
+#[tokio::test]
+async fn logind_shutdown_before_the_node_registered_releases_at_once() {
+    let h = match LogindHarness::start(Options {
+        mode: Mode::DbusmockLogind,
+        ..Options::default()
+    })
+    .await
+    {
+        Ok(h) => h,
+        Err(e) => panic!("cannot start the logind harness: {e}"),
+    };
+    let emu = emulator().await;
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: None,
+        extra: "#DROPIN\n[drain]\ntimeout = \"4s\"\n",
+    });
+    agent
+        .wait_status("lock held, node not registered", |s| {
+            s.lock == nodeward::agent::state::Lock::Held
+                && s.gates
+                    .iter()
+                    .any(|g| g.reason == "node not registered yet")
+        })
+        .await;
+    let t0 = Instant::now();
+    h.emit_prepare_for_shutdown(true).await.expect("signal");
+    let st = agent
+        .wait_status("shutdown handled", |s| s.last_drain.is_some())
+        .await;
+    assert_eq!(
+        st.last_drain.as_ref().map(|d| d.outcome.as_str()),
+        Some("nothing to drain: the node is not registered"),
+        "{st}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "released at once: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(st.lock, nodeward::agent::state::Lock::Released);
+    h.shutdown().await;
+}

@@ -60,6 +60,12 @@ const CAP_REREAD_ATTEMPTS: u32 = 20;
 /// ... this far apart (one second in all).
 const CAP_REREAD_INTERVAL: Duration = Duration::from_millis(50);
 
+/// The shutdown outcome when the Node does not exist (the machine goes down before it joined).
+const NOT_REGISTERED: &str = "nothing to drain: the node is not registered";
+
+/// Stands in for "never" where an instant is needed (about 30 years).
+const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+
 /// logind's process name (`/proc/PID/comm`).
 const LOGIND_COMM: &str = "systemd-logind";
 
@@ -144,6 +150,7 @@ struct Agent {
     verdict: Verdict,
     node_obj: Option<Node>,
     node_relist: Option<Option<Node>>,
+    node_echo_rv: Option<String>,
     node_synced: bool,
     pods: PodMirror,
     started: Instant,
@@ -196,6 +203,7 @@ impl Agent {
             verdict,
             node_obj: None,
             node_relist: None,
+            node_echo_rv: None,
             node_synced: false,
             pods: PodMirror::default(),
             started,
@@ -265,7 +273,11 @@ impl Agent {
         let mut watchdog_tick = tokio::time::interval(watchdog.map_or(Duration::MAX, |d| d / 2));
 
         let mut drain: Option<DrainFuture> = None;
-        let boot_deadline_at = self.started + self.settings.agent.boot_deadline;
+        // A deadline too far to represent (a config of years) is as good as none.
+        let boot_deadline_at = self
+            .started
+            .checked_add(self.settings.agent.boot_deadline)
+            .unwrap_or_else(|| self.started + FAR_FUTURE);
         self.publish();
 
         loop {
@@ -364,11 +376,25 @@ impl Agent {
 
     fn apply_node(&mut self, ev: watcher::Event<Node>) {
         match ev {
-            watcher::Event::Apply(n) => self.node_obj = Some(n),
-            watcher::Event::Delete(_) => self.node_obj = None,
+            watcher::Event::Apply(n) => {
+                // Until the echo of the agent's own last write arrives, the watch only replays
+                // versions older than the one the agent already holds.
+                if let Some(rv) = &self.node_echo_rv {
+                    if n.metadata.resource_version.as_ref() != Some(rv) {
+                        return;
+                    }
+                    self.node_echo_rv = None;
+                }
+                self.node_obj = Some(n);
+            }
+            watcher::Event::Delete(_) => {
+                self.node_echo_rv = None;
+                self.node_obj = None;
+            }
             watcher::Event::Init => self.node_relist = Some(None),
             watcher::Event::InitApply(n) => self.node_relist = Some(Some(n)),
             watcher::Event::InitDone => {
+                self.node_echo_rv = None;
                 self.node_obj = self.node_relist.take().flatten();
                 self.node_synced = true;
             }
@@ -628,6 +654,9 @@ impl Agent {
                     let attempt = crate::drain::cordon(&client, &node, &reason, exclude_lb);
                     match tokio::time::timeout(left, attempt).await {
                         Ok(Ok(_)) => return outcome("cordoned"),
+                        Ok(Err(crate::drain::exec::Error::NodeNotFound { .. })) => {
+                            return outcome(NOT_REGISTERED);
+                        }
                         Ok(Err(e)) if Instant::now() + DRAIN_RETRY < until => {
                             warn!(node, error = %e, "cannot cordon; retrying");
                             tokio::time::sleep(DRAIN_RETRY).await;
@@ -650,6 +679,9 @@ impl Agent {
                     match tokio::time::timeout(left, crate::drain::drain(&client, &node, &o)).await
                     {
                         Ok(Ok(r)) => return report_summary(&r),
+                        Ok(Err(crate::drain::exec::Error::NodeNotFound { .. })) => {
+                            return outcome(NOT_REGISTERED);
+                        }
                         Ok(Err(e)) if Instant::now() + DRAIN_RETRY < until => {
                             warn!(node, error = %e, "drain failed; retrying until the deadline");
                             last_error = e.to_string();
@@ -746,8 +778,11 @@ impl Agent {
                         warn!(node = %self.node, failing = ?self.verdict.failing(), "a gate failed; putting the startup taint back");
                     }
                     match node::set_startup_taint(&self.client, &self.node, add).await {
-                        Ok(n) => {
+                        Ok((n, written)) => {
                             // Fresher than the watch, which may still deliver older versions.
+                            if written {
+                                self.node_echo_rv = n.metadata.resource_version.clone();
+                            }
                             self.node_obj = Some(n);
                             true
                         }

@@ -85,13 +85,13 @@ pub fn cordon_owner(n: &Node) -> Option<String> {
     })
 }
 
-/// Adds (`add`) or removes the startup taint; returns the Node as it now is (as written, or as
-/// read when there was nothing to change).
+/// Adds (`add`) or removes the startup taint; returns the Node as it now is and whether this
+/// call wrote it (`false`: there was nothing to change, the Node is as read).
 pub async fn set_startup_taint(
     client: &kube::Client,
     node: &str,
     add: bool,
-) -> Result<Node, Error> {
+) -> Result<(Node, bool), Error> {
     let api: Api<Node> = Api::all(client.clone());
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
@@ -106,7 +106,7 @@ pub async fn set_startup_taint(
         let mut list = taints(&current);
         let present = list.iter().any(is_startup_taint);
         if present == add {
-            return Ok(current);
+            return Ok((current, false));
         }
         if add {
             list.push(Taint {
@@ -131,7 +131,7 @@ pub async fn set_startup_taint(
                     added = add,
                     "startup taint changed"
                 );
-                return Ok(n);
+                return Ok((n, true));
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 debug!(
