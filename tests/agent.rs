@@ -1051,3 +1051,68 @@ async fn logind_shutdown_before_the_node_registered_releases_at_once() {
     assert_eq!(st.lock, nodeward::agent::state::Lock::Released);
     h.shutdown().await;
 }
+
+/// A health endpoint that answers 200 or 503, as told.
+async fn health_server(healthy: Arc<std::sync::atomic::AtomicBool>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let healthy = healthy.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                // One request per connection is enough for the probe; answer and close.
+                let _ = sock.read(&mut buf).await;
+                let status = if healthy.load(std::sync::atomic::Ordering::SeqCst) {
+                    "200 OK"
+                } else {
+                    "503 Service Unavailable"
+                };
+                let _ = sock
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}/health")
+}
+
+/// An http gate (a CNI health port): 2xx passes, 503 puts the taint back.
+#[tokio::test]
+async fn http_gate_follows_the_health_endpoint() {
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let url = health_server(healthy.clone()).await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: None,
+        dropin_dir: None,
+        extra: &format!(
+            "#DROPIN\n[gates]\nhttp_interval = \"100ms\"\nhttp = [{{ url = \"{url}\" }}]\n"
+        ),
+    });
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    healthy.store(false, std::sync::atomic::Ordering::SeqCst);
+    wait_node(&emu, "taint back after a 503", has_taint).await;
+    let st = agent
+        .wait_status("http gate failing", |s| {
+            s.gates
+                .iter()
+                .any(|g| g.gate.starts_with("http") && g.reason.contains("503"))
+        })
+        .await;
+    assert!(st.startup_taint, "{st}");
+    healthy.store(true, std::sync::atomic::Ordering::SeqCst);
+    wait_node(&emu, "schedulable again", schedulable).await;
+}

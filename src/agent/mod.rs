@@ -482,6 +482,12 @@ impl Agent {
             Err(e) if e.is_logind_absent() => {
                 warn!(error = %e, "logind is not on the bus; waiting for it to appear");
             }
+            Err(e) if e.is_operation_in_progress() => {
+                // logind refuses new delay locks while a shutdown job is pending; it may still
+                // be cancelled, so keep trying.
+                warn!(error = %e, retry_in = ?self.logind_backoff, "a shutdown is in progress; logind refuses new locks until it is cancelled");
+                self.schedule_logind_retry();
+            }
             Err(e) => {
                 warn!(error = %e, retry_in = ?self.logind_backoff, "cannot take the shutdown delay lock");
                 self.schedule_logind_retry();

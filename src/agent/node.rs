@@ -87,6 +87,7 @@ pub fn cordon_owner(n: &Node) -> Option<String> {
 
 /// Adds (`add`) or removes the startup taint; returns the Node as it now is and whether this
 /// call wrote it (`false`: there was nothing to change, the Node is as read).
+#[tracing::instrument(skip(client), err)]
 pub async fn set_startup_taint(
     client: &kube::Client,
     node: &str,

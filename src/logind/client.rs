@@ -104,6 +104,7 @@ impl Logind {
     }
 
     /// Takes nodeward's delay lock on shutdown; it lasts until the fd is closed.
+    #[tracing::instrument(skip(self), err)]
     pub async fn take_lock(&self) -> Result<OwnedFd, Error> {
         self.manager
             .inhibit(InhibitType::Shutdown, WHO, WHY, "delay")
@@ -112,6 +113,7 @@ impl Logind {
     }
 
     /// logind's `InhibitDelayMaxUSec`, read fresh.
+    #[tracing::instrument(skip(self), err)]
     pub async fn inhibit_delay_max(&self) -> Result<Duration, Error> {
         self.manager
             .inhibit_delay_max_USec()
@@ -122,6 +124,7 @@ impl Logind {
 
     /// logind's `ListInhibitors`, read as raw `a(ssssuu)` so a lock type newer than
     /// logind-zbus knows cannot make the whole list unreadable.
+    #[tracing::instrument(skip(self), err)]
     pub async fn list_inhibitors(&self) -> Result<Vec<InhibitorInfo>, Error> {
         let list: Vec<(String, String, String, String, u32, u32)> = self
             .manager
@@ -157,6 +160,7 @@ impl Logind {
     }
 
     /// logind's pid, from the bus (`GetConnectionUnixProcessID`).
+    #[tracing::instrument(skip(self), err)]
     pub async fn logind_pid(&self) -> Result<u32, Error> {
         let dbus = zbus::fdo::DBusProxy::new(&self.conn)
             .await
