@@ -39,12 +39,12 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
             Ok(EXIT_OK)
         }
         Command::Man { out_dir } => man(&out_dir),
-        Command::Agent => Err(NotAvailable("agent").into()),
+        Command::Agent => agent(cli.config.as_deref()),
         Command::Drain(args) => block_on(drain(cli.config.as_deref(), args)),
         Command::Cordon(args) => block_on(cordon(cli.config.as_deref(), args)),
         Command::Uncordon(args) => block_on(uncordon(cli.config.as_deref(), args)),
         Command::Scaler => Err(NotAvailable("scaler").into()),
-        Command::Status => Err(NotAvailable("status").into()),
+        Command::Status => block_on(status(cli.config.as_deref())),
     }
 }
 
@@ -294,6 +294,86 @@ async fn uncordon(config: Option<&Path>, args: UncordonArgs) -> anyhow::Result<u
         crate::drain::UncordonOutcome::NotCordoned => {
             println!("node/{} was not cordoned", args.node)
         }
+    }
+    Ok(EXIT_OK)
+}
+
+/// `nodeward agent`: one thread is plenty for a handful of watches and a drain's evictions, and
+/// keeps the resident agent small.
+fn agent(config: Option<&Path>) -> anyhow::Result<u8> {
+    let (settings, _) = crate::config::load(config)?;
+    let node = node_name(None, &settings)?;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(async {
+            let client = client_for(None, &settings).await?;
+            crate::agent::run(settings, node, client).await?;
+            Ok(EXIT_OK)
+        })
+}
+
+/// How long `nodeward status` waits for live facts from logind or the API before showing only
+/// the agent's status file.
+const STATUS_LIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+async fn status(config: Option<&Path>) -> anyhow::Result<u8> {
+    let (settings, _) = crate::config::load(config)?;
+    let path = &settings.agent.status_file;
+    let st = crate::agent::status::read(path)?;
+    print!("{st}");
+    let alive = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(st.pid).unwrap_or(i32::MAX)),
+        None,
+    )
+    .is_ok();
+    if !alive {
+        println!(
+            "agent:         pid {} is not running; the file is stale",
+            st.pid
+        );
+    }
+    println!("live:");
+    let live_logind = async {
+        let l = crate::logind::Logind::connect().await?;
+        let cap = l.inhibit_delay_max().await?;
+        let list = l.list_inhibitors().await?;
+        Ok::<_, crate::logind::Error>((cap, list))
+    };
+    match tokio::time::timeout(STATUS_LIVE_TIMEOUT, live_logind).await {
+        Ok(Ok((cap, list))) => {
+            let ours = crate::logind::own_locks(&list, st.pid).len();
+            println!(
+                "  logind:      InhibitDelayMaxSec {cap:?}; {ours} shutdown delay lock(s) held by the agent"
+            );
+            for k in crate::logind::kubelet_locks(&list) {
+                println!(
+                    "  WARNING:     kubelet holds a delay lock (pid {}); set shutdownGracePeriod: 0s",
+                    k.pid
+                );
+            }
+        }
+        Ok(Err(e)) => println!("  logind:      unreachable: {e}"),
+        Err(_) => println!("  logind:      no answer within {STATUS_LIVE_TIMEOUT:?}"),
+    }
+    let live_node = async {
+        let client = client_for(None, &settings).await?;
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+        Ok::<_, anyhow::Error>(nodes.get(&st.node).await?)
+    };
+    match tokio::time::timeout(STATUS_LIVE_TIMEOUT, live_node).await {
+        Ok(Ok(n)) => println!(
+            "  node:        cordoned by {}; startup taint {}",
+            crate::agent::node::cordon_owner(&n).unwrap_or_else(|| "nobody".into()),
+            if crate::agent::node::has_startup_taint(&n) {
+                "present"
+            } else {
+                "absent"
+            }
+        ),
+        Ok(Err(e)) => println!("  node:        unreachable: {}", describe(&e)),
+        Err(_) => println!("  node:        no answer within {STATUS_LIVE_TIMEOUT:?}"),
     }
     Ok(EXIT_OK)
 }

@@ -3,13 +3,16 @@
 //! The crate is one binary with subcommands (see [`cli`]); each capability lives in its own
 //! module, with pure decisions separate from the I/O that acts on them (see ARCHITECTURE.md).
 
+pub mod agent;
 pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod drain;
 pub mod fsutil;
+pub mod gate;
 pub mod kube_client;
 pub mod logging;
+pub mod logind;
 pub mod render;
 pub mod secret;
 pub mod tomlfile;

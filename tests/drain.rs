@@ -506,39 +506,29 @@ async fn rerun_after_an_interrupted_drain_finishes_the_job() {
 }
 
 #[tokio::test]
-async fn only_a_shutdown_cordon_is_lifted_after_the_reboot() {
+async fn a_shutdown_drain_records_its_cordon_as_a_shutdown_cordon() {
     let emu = emulator().await;
     let c = client(&emu).await;
-    // An operator's drain: stays cordoned when the agent's gates pass.
+    let record = |node: &str| -> serde_json::Value {
+        let n = emu.get("nodes", None, node).expect("node");
+        let raw = n
+            .pointer("/metadata/annotations/nodeward.io~1cordoned-by")
+            .and_then(|v| v.as_str())
+            .expect("record");
+        serde_json::from_str(raw).expect("json record")
+    };
     drain::drain(&c, NODE, &options(Duration::from_secs(5)))
         .await
         .expect("operator drain");
     assert_eq!(
-        drain::uncordon_after_shutdown(&c, NODE)
-            .await
-            .expect("gate"),
-        drain::UncordonOutcome::NotCordoned
+        record(NODE)["shutdown"],
+        json!(false),
+        "an operator's drain"
     );
-    assert_eq!(
-        emu.get("nodes", None, NODE)
-            .and_then(|n| n.pointer("/spec/unschedulable").cloned()),
-        Some(json!(true))
-    );
-    // A shutdown drain: lifted once the node is back.
     let mut o = options(Duration::from_secs(5));
     o.shutdown = true;
     drain::drain(&c, "worker-2", &o)
         .await
         .expect("shutdown drain");
-    assert_eq!(
-        drain::uncordon_after_shutdown(&c, "worker-2")
-            .await
-            .expect("gate"),
-        drain::UncordonOutcome::Uncordoned
-    );
-    assert_ne!(
-        emu.get("nodes", None, "worker-2")
-            .and_then(|n| n.pointer("/spec/unschedulable").cloned()),
-        Some(json!(true))
-    );
+    assert_eq!(record("worker-2")["shutdown"], json!(true));
 }

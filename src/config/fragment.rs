@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::Settings;
-use super::types::{ConfigDuration, NodeName, OnDeadline, Positive, Waves};
+use super::types::{ConfigDuration, NodeName, OnDeadline, Positive, ShutdownPolicy, Waves};
+use crate::gate::{ConditionGate, FileGate, HttpGate, PodGate};
 
 /// Declares a fragment section whose fields are all `Option`, with a `merge` where the later
 /// fragment's set fields win.
@@ -32,7 +33,61 @@ pub(crate) struct Fragment {
     node: Option<NodeFragment>,
     /// `[drain]`
     drain: Option<DrainFragment>,
+    /// `[agent]`
+    agent: Option<AgentFragment>,
+    /// `[gates]`
+    gates: Option<GatesFragment>,
+    /// `[shutdown]`
+    shutdown: Option<ShutdownFragment>,
 }
+
+fragment!(
+    /// `[agent]`
+    AgentFragment {
+        /// Status file.
+        status_file: PathBuf,
+        /// Boot deadline.
+        boot_deadline: ConfigDuration,
+        /// Re-taint when a gate fails after passing.
+        retaint_on_gate_failure: bool,
+    }
+);
+
+fragment!(
+    /// `[gates]`
+    GatesFragment {
+        /// File gates.
+        file: Vec<FileGate>,
+        /// Pod gates.
+        pod: Vec<PodGate>,
+        /// Node condition gates.
+        node_condition: Vec<ConditionGate>,
+        /// HTTP gates.
+        http: Vec<HttpGate>,
+        /// HTTP probe interval.
+        http_interval: ConfigDuration,
+        /// HTTP probe timeout.
+        http_timeout: ConfigDuration,
+    }
+);
+
+fragment!(
+    /// `[shutdown]`
+    ShutdownFragment {
+        /// Policy for power-off.
+        on_poweroff: ShutdownPolicy,
+        /// Policy for reboot.
+        on_reboot: ShutdownPolicy,
+        /// Policy when logind does not say which.
+        on_unknown: ShutdownPolicy,
+        /// Margin below logind's cap.
+        safety_margin: ConfigDuration,
+        /// Cap to configure.
+        inhibit_delay_max: ConfigDuration,
+        /// Drop-in path.
+        logind_dropin: PathBuf,
+    }
+);
 
 fragment!(
     /// `[node]`
@@ -73,6 +128,15 @@ impl Fragment {
         if let Some(b) = later.drain {
             self.drain.get_or_insert_default().merge(b);
         }
+        if let Some(b) = later.agent {
+            self.agent.get_or_insert_default().merge(b);
+        }
+        if let Some(b) = later.gates {
+            self.gates.get_or_insert_default().merge(b);
+        }
+        if let Some(b) = later.shutdown {
+            self.shutdown.get_or_insert_default().merge(b);
+        }
     }
 
     /// Fills every unset key from [`Settings::default`].
@@ -80,6 +144,9 @@ impl Fragment {
         let d = Settings::default();
         let node = self.node.unwrap_or_default();
         let drain = self.drain.unwrap_or_default();
+        let agent = self.agent.unwrap_or_default();
+        let gates = self.gates.unwrap_or_default();
+        let shutdown = self.shutdown.unwrap_or_default();
         Settings {
             node: super::NodeSettings {
                 name: node.name.map(|n| n.0).or(d.node.name),
@@ -97,6 +164,33 @@ impl Fragment {
                     .exclude_from_load_balancers
                     .unwrap_or(d.drain.exclude_from_load_balancers),
                 waves: drain.waves.map_or(d.drain.waves, |w| w.0),
+            },
+            agent: super::AgentSettings {
+                status_file: agent.status_file.unwrap_or(d.agent.status_file),
+                boot_deadline: agent.boot_deadline.map_or(d.agent.boot_deadline, |t| t.0),
+                retaint_on_gate_failure: agent
+                    .retaint_on_gate_failure
+                    .unwrap_or(d.agent.retaint_on_gate_failure),
+            },
+            gates: super::GateSettings {
+                file: gates.file.unwrap_or(d.gates.file),
+                pod: gates.pod.unwrap_or(d.gates.pod),
+                node_condition: gates.node_condition.unwrap_or(d.gates.node_condition),
+                http: gates.http.unwrap_or(d.gates.http),
+                http_interval: gates.http_interval.map_or(d.gates.http_interval, |t| t.0),
+                http_timeout: gates.http_timeout.map_or(d.gates.http_timeout, |t| t.0),
+            },
+            shutdown: super::ShutdownSettings {
+                on_poweroff: shutdown.on_poweroff.unwrap_or(d.shutdown.on_poweroff),
+                on_reboot: shutdown.on_reboot.unwrap_or(d.shutdown.on_reboot),
+                on_unknown: shutdown.on_unknown.unwrap_or(d.shutdown.on_unknown),
+                safety_margin: shutdown
+                    .safety_margin
+                    .map_or(d.shutdown.safety_margin, |t| t.0),
+                inhibit_delay_max: shutdown
+                    .inhibit_delay_max
+                    .map_or(d.shutdown.inhibit_delay_max, |t| t.0),
+                logind_dropin: shutdown.logind_dropin.unwrap_or(d.shutdown.logind_dropin),
             },
         }
     }

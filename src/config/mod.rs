@@ -13,7 +13,7 @@ mod types;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use types::{OnDeadline, Wave};
+pub use types::{OnDeadline, ShutdownPolicy, Wave};
 
 /// Where the agent looks when neither `--config` nor `NODEWARD_CONFIG` is given.
 pub const DEFAULT_PATH: &str = "/etc/nodeward/config.toml";
@@ -54,6 +54,73 @@ pub struct Settings {
     pub node: NodeSettings,
     /// How drains behave.
     pub drain: DrainSettings,
+    /// The node agent.
+    pub agent: AgentSettings,
+    /// Readiness gates the agent waits for before the node takes workload.
+    pub gates: GateSettings,
+    /// What the agent does when the machine shuts down.
+    pub shutdown: ShutdownSettings,
+}
+
+/// `[agent]`: the node agent's own behaviour.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentSettings {
+    /// Where the agent writes what it sees, for `nodeward status` (atomically).
+    pub status_file: PathBuf,
+    /// If the gates have not all passed this long after the agent started, it reports the node
+    /// with a `NodeNotReadyInTime` Event so the scaler can replace the machine.
+    pub boot_deadline: Duration,
+    /// Put the startup taint back when a gate fails after the node became schedulable.
+    pub retaint_on_gate_failure: bool,
+}
+
+/// `[gates]`: every gate listed must pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateSettings {
+    /// Files that must exist (with matching content).
+    pub file: Vec<crate::gate::FileGate>,
+    /// Pods on this node that must be Ready.
+    pub pod: Vec<crate::gate::PodGate>,
+    /// Node conditions that must hold.
+    pub node_condition: Vec<crate::gate::ConditionGate>,
+    /// HTTP endpoints that must answer 2xx.
+    pub http: Vec<crate::gate::HttpGate>,
+    /// How often http gates are probed.
+    pub http_interval: Duration,
+    /// How long one probe may take.
+    pub http_timeout: Duration,
+}
+
+impl GateSettings {
+    /// All gates in one list: files, pods, node conditions, http.
+    pub fn gates(&self) -> Vec<crate::gate::Gate> {
+        use crate::gate::Gate;
+        let files = self.file.iter().cloned().map(Gate::File);
+        let pods = self.pod.iter().cloned().map(Gate::Pod);
+        let conds = self.node_condition.iter().cloned().map(Gate::NodeCondition);
+        let http = self.http.iter().cloned().map(Gate::Http);
+        files.chain(pods).chain(conds).chain(http).collect()
+    }
+}
+
+/// `[shutdown]`: the inhibitor lock and what a shutdown does to the node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShutdownSettings {
+    /// Policy when the machine powers off (or halts).
+    pub on_poweroff: ShutdownPolicy,
+    /// Policy when it reboots.
+    pub on_reboot: ShutdownPolicy,
+    /// Policy when logind does not say which (systemd before 255 sends only
+    /// `PrepareForShutdown`, without the type).
+    pub on_unknown: ShutdownPolicy,
+    /// The shutdown drain's deadline is logind's `InhibitDelayMaxUSec` minus this (and at most
+    /// `drain.timeout`), so the lock is released before logind gives up on it.
+    pub safety_margin: Duration,
+    /// What `InhibitDelayMaxSec` the agent configures when logind's is below
+    /// `drain.timeout + safety_margin`.
+    pub inhibit_delay_max: Duration,
+    /// The logind drop-in the agent writes for that.
+    pub logind_dropin: PathBuf,
 }
 
 /// `[node]`: which node this agent speaks for and how it reaches the API server.
@@ -104,9 +171,68 @@ impl Default for Settings {
                 exclude_from_load_balancers: true,
                 waves: types::default_waves(),
             },
+            agent: AgentSettings {
+                // tmpfs: the status describes this boot only.
+                status_file: PathBuf::from("/run/nodeward/status.json"),
+                // kubeadm join, image pulls and flannel's start take a minute or two on a healthy
+                // machine; ten minutes means something is wrong with this one.
+                boot_deadline: Duration::from_secs(600),
+                retaint_on_gate_failure: true,
+            },
+            gates: default_gates(),
+            shutdown: ShutdownSettings {
+                on_poweroff: ShutdownPolicy::Drain,
+                on_reboot: ShutdownPolicy::Drain,
+                on_unknown: ShutdownPolicy::Drain,
+                // Covers releasing the lock and logind's 250 ms timer slack with room to spare.
+                safety_margin: Duration::from_secs(5),
+                // drain.timeout (90 s) plus margin, rounded up: what the shipped drop-in sets.
+                inhibit_delay_max: Duration::from_secs(120),
+                logind_dropin: PathBuf::from("/etc/systemd/logind.conf.d/90-nodeward.conf"),
+            },
         }
     }
 }
+
+/// flannel's defaults: its subnet file with a subnet in it, its DaemonSet pod Ready, and the
+/// node Ready without a network problem.
+fn default_gates() -> GateSettings {
+    let parse = |t: &str| toml::from_str::<GateSettings0>(t);
+    #[derive(serde::Deserialize)]
+    struct GateSettings0 {
+        file: Vec<crate::gate::FileGate>,
+        pod: Vec<crate::gate::PodGate>,
+        node_condition: Vec<crate::gate::ConditionGate>,
+    }
+    // Static text checked by the unit tests; the same literal forms as packaging/config.toml.
+    let g = parse(DEFAULT_GATES).unwrap_or_else(|e| panic!("built-in gates: {e}"));
+    GateSettings {
+        file: g.file,
+        pod: g.pod,
+        node_condition: g.node_condition,
+        http: Vec::new(),
+        // A CNI health endpoint is cheap; every 5 s keeps a flapping CNI from going unseen long.
+        http_interval: Duration::from_secs(5),
+        // Localhost answers in milliseconds; a hung endpoint counts as failing.
+        http_timeout: Duration::from_secs(2),
+    }
+}
+
+/// The default gates, in config syntax.
+const DEFAULT_GATES: &str = r#"
+[[file]]
+path = "/run/flannel/subnet.env"
+contains = "FLANNEL_SUBNET="
+[[pod]]
+namespace = "kube-flannel"
+selector = "app=flannel"
+[[node_condition]]
+type = "Ready"
+status = "True"
+[[node_condition]]
+type = "NetworkUnavailable"
+not = "True"
+"#;
 
 /// Parses and merges config sources in order (later wins), then applies defaults.
 pub fn parse(sources: &[Source]) -> Result<Settings> {

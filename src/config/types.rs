@@ -136,3 +136,15 @@ impl<'de> Deserialize<'de> for Positive {
             })
     }
 }
+
+/// What the agent does when logind announces a shutdown of one kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShutdownPolicy {
+    /// Cordon and evict every pod (within the deadline), then let the shutdown go on.
+    Drain,
+    /// Only cordon, so nothing new is scheduled; the pods die with the machine.
+    Cordon,
+    /// Do nothing; release the lock at once.
+    Nothing,
+}

@@ -109,15 +109,6 @@ pub fn uncordon_decision(node: &Node, force: bool) -> UncordonDecision {
     }
 }
 
-/// What the agent does with a cordon once its gates pass: lift it only if nodeward made it
-/// because the machine was shutting down (the reboot round trip); leave every other cordon.
-pub fn lift_after_shutdown(node: &Node) -> Option<UncordonDecision> {
-    let rec = record(node)?;
-    (is_cordoned(node) && rec.shutdown).then_some(UncordonDecision::Uncordon {
-        remove_lb_label: rec.excluded_from_lb,
-    })
-}
-
 /// The field manager that owns `spec.unschedulable`, from managedFields (`kubectl-cordon`,
 /// `kubectl`, a controller's name).
 pub fn cordoned_by_manager(node: &Node) -> Option<String> {
@@ -213,29 +204,6 @@ mod tests {
                 stale_record: false
             }
         );
-    }
-
-    #[test]
-    fn only_shutdown_cordons_are_lifted_by_the_gate() {
-        const SHUTDOWN: &str =
-            r#"{"reason":"shutdown (poweroff)","at":"2026-01-01T00:00:00Z","shutdown":true}"#;
-        assert_eq!(
-            lift_after_shutdown(&node(true, Some(SHUTDOWN))),
-            Some(UncordonDecision::Uncordon {
-                remove_lb_label: false
-            })
-        );
-        assert_eq!(
-            lift_after_shutdown(&node(true, Some(OURS))),
-            None,
-            "an operator's drain stays"
-        );
-        assert_eq!(
-            lift_after_shutdown(&node(true, None)),
-            None,
-            "an admin's cordon stays"
-        );
-        assert_eq!(lift_after_shutdown(&node(false, Some(SHUTDOWN))), None);
     }
 
     #[test]

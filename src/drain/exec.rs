@@ -259,6 +259,17 @@ pub async fn cordon(
     cordon_recorded(client, node, reason, exclude_lb, false).await
 }
 
+/// [`cordon`] because the machine is shutting down: recorded as a shutdown cordon, which the
+/// agent lifts once the node is back and its gates pass.
+pub async fn cordon_for_shutdown(
+    client: &Client,
+    node: &str,
+    reason: &str,
+    exclude_lb: bool,
+) -> Result<CordonOutcome> {
+    cordon_recorded(client, node, reason, exclude_lb, true).await
+}
+
 /// [`cordon`], recording whether the cordon is for a shutdown.
 async fn cordon_recorded(
     client: &Client,
@@ -321,17 +332,6 @@ async fn cordon_recorded(
         node: node.to_string(),
         attempts: PATCH_ATTEMPTS,
     })
-}
-
-/// Lifts the cordon nodeward made for a shutdown (the agent calls this when the node is back and
-/// its gates pass); any other cordon is left alone and reported as such.
-pub async fn uncordon_after_shutdown(client: &Client, node: &str) -> Result<UncordonOutcome> {
-    uncordon_if(client, node, |n| {
-        cordon::lift_after_shutdown(n).unwrap_or(UncordonDecision::NotCordoned {
-            stale_record: false,
-        })
-    })
-    .await
 }
 
 /// Lifts nodeward's own cordon; refuses someone else's unless `force`.

@@ -11,6 +11,6 @@ pub mod exec;
 pub mod plan;
 
 pub use exec::{
-    CordonOutcome, DrainOptions, DrainOutcome, DrainReport, UncordonOutcome, cordon, drain,
-    dry_run, uncordon, uncordon_after_shutdown,
+    CordonOutcome, DrainOptions, DrainOutcome, DrainReport, UncordonOutcome, cordon,
+    cordon_for_shutdown, drain, dry_run, uncordon,
 };

@@ -1,0 +1,249 @@
+use super::*;
+
+#[test]
+fn phase_transitions() {
+    use Phase::*;
+    use PhaseEvent::*;
+    let all_phases = [Booting, Gated, Ready, Draining, Drained];
+    let all_events = [
+        NodeSeen,
+        GatesPassed,
+        GatesFailed,
+        ShutdownStarted,
+        DrainEnded,
+        ShutdownCancelled,
+    ];
+    let allowed = [
+        (Booting, NodeSeen, Gated),
+        (Gated, GatesPassed, Ready),
+        (Ready, GatesFailed, Gated),
+        (Booting, ShutdownStarted, Draining),
+        (Gated, ShutdownStarted, Draining),
+        (Ready, ShutdownStarted, Draining),
+        (Draining, DrainEnded, Drained),
+        (Draining, ShutdownCancelled, Gated),
+        (Drained, ShutdownCancelled, Gated),
+    ];
+    for from in all_phases {
+        for ev in all_events {
+            let want = allowed
+                .iter()
+                .find(|(f, e, _)| *f == from && *e == ev)
+                .map(|(_, _, to)| *to);
+            match (from.on(ev), want) {
+                (Ok(to), Some(w)) => assert_eq!(to, w, "{from:?} --{ev:?}"),
+                (Err(r), None) => {
+                    assert_eq!(r.from, format!("{from:?}"));
+                    assert!(r.to_string().contains("refused"), "{r}");
+                }
+                (got, want) => panic!("{from:?} --{ev:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+}
+
+/// The refusals that protect a node: nothing uncordons or re-gates a node that is shutting down,
+/// and a second shutdown signal (plain and with metadata) does not start a second drain.
+#[test]
+fn refused_transitions_that_matter() {
+    assert!(Phase::Drained.on(PhaseEvent::GatesPassed).is_err());
+    assert!(Phase::Draining.on(PhaseEvent::GatesFailed).is_err());
+    assert!(Phase::Draining.on(PhaseEvent::ShutdownStarted).is_err());
+    assert!(Phase::Drained.on(PhaseEvent::ShutdownStarted).is_err());
+    assert!(Phase::Booting.on(PhaseEvent::GatesPassed).is_err());
+    assert!(Phase::Ready.on(PhaseEvent::DrainEnded).is_err());
+}
+
+#[test]
+fn lock_transitions() {
+    use Lock::*;
+    use LockEvent::*;
+    let cases = [
+        (Unheld, Taken, Some(Held)),
+        (Released, Taken, Some(Held)),
+        (Held, Taken, None),
+        (Held, Replaced, Some(Held)),
+        (Unheld, Replaced, None),
+        (Released, Replaced, None),
+        (Held, ReleasedForShutdown, Some(Released)),
+        (Released, ReleasedForShutdown, None),
+        (Unheld, ReleasedForShutdown, None),
+        (Held, Dropped, Some(Unheld)),
+        (Released, Dropped, Some(Unheld)),
+        (Unheld, Dropped, None),
+    ];
+    for (from, ev, want) in cases {
+        assert_eq!(from.on(ev).ok(), want, "{from:?} --{ev:?}");
+    }
+}
+
+fn view(phase: Phase) -> View {
+    View {
+        phase,
+        node_exists: true,
+        gates_pass: false,
+        overdue: false,
+        overdue_reported: false,
+        has_startup_taint: true,
+        cordon: CordonView::NotCordoned,
+        retaint: true,
+    }
+}
+
+#[test]
+fn reconcile_table() {
+    use Action::*;
+    use PhaseEvent::*;
+    let cases: Vec<(&str, View, Vec<Action>)> = vec![
+        (
+            "node not registered yet: wait",
+            View {
+                node_exists: false,
+                ..view(Phase::Booting)
+            },
+            vec![],
+        ),
+        (
+            "node appears, gates failing",
+            view(Phase::Booting),
+            vec![Transition(NodeSeen)],
+        ),
+        (
+            "node appears with gates already passing",
+            View {
+                gates_pass: true,
+                ..view(Phase::Booting)
+            },
+            vec![
+                Transition(NodeSeen),
+                RemoveStartupTaint,
+                Transition(GatesPassed),
+            ],
+        ),
+        (
+            "after a reboot: our cordon from before the boot is lifted",
+            View {
+                gates_pass: true,
+                cordon: CordonView::OursBeforeBoot,
+                ..view(Phase::Gated)
+            },
+            vec![RemoveStartupTaint, Uncordon, Transition(GatesPassed)],
+        ),
+        (
+            "an administrator's cordon stays",
+            View {
+                gates_pass: true,
+                cordon: CordonView::Other,
+                ..view(Phase::Gated)
+            },
+            vec![RemoveStartupTaint, Transition(GatesPassed)],
+        ),
+        (
+            "an operator's `nodeward drain` this boot stays",
+            View {
+                gates_pass: true,
+                has_startup_taint: false,
+                cordon: CordonView::OursThisBoot {
+                    by_this_agent: false,
+                },
+                ..view(Phase::Gated)
+            },
+            vec![Transition(GatesPassed)],
+        ),
+        (
+            "a cancelled shutdown's cordon is lifted",
+            View {
+                gates_pass: true,
+                has_startup_taint: false,
+                cordon: CordonView::OursThisBoot {
+                    by_this_agent: true,
+                },
+                ..view(Phase::Gated)
+            },
+            vec![Uncordon, Transition(GatesPassed)],
+        ),
+        (
+            "flannel dies: taint back",
+            View {
+                has_startup_taint: false,
+                ..view(Phase::Ready)
+            },
+            vec![AddStartupTaint, Transition(GatesFailed)],
+        ),
+        (
+            "flannel dies, retaint off",
+            View {
+                has_startup_taint: false,
+                retaint: false,
+                ..view(Phase::Ready)
+            },
+            vec![Transition(GatesFailed)],
+        ),
+        (
+            "ready and nothing to do",
+            View {
+                gates_pass: true,
+                has_startup_taint: false,
+                ..view(Phase::Ready)
+            },
+            vec![],
+        ),
+        (
+            "ready, re-registered node got the taint again",
+            View {
+                gates_pass: true,
+                ..view(Phase::Ready)
+            },
+            vec![RemoveStartupTaint],
+        ),
+        (
+            "overdue: reported once",
+            View {
+                overdue: true,
+                ..view(Phase::Gated)
+            },
+            vec![ReportNotReadyInTime],
+        ),
+        (
+            "overdue already reported",
+            View {
+                overdue: true,
+                overdue_reported: true,
+                ..view(Phase::Gated)
+            },
+            vec![],
+        ),
+        (
+            "overdue without a Node at all",
+            View {
+                overdue: true,
+                node_exists: false,
+                ..view(Phase::Booting)
+            },
+            vec![ReportNotReadyInTime],
+        ),
+        (
+            "draining: gates do not act",
+            View {
+                gates_pass: true,
+                cordon: CordonView::OursBeforeBoot,
+                ..view(Phase::Draining)
+            },
+            vec![],
+        ),
+        (
+            "drained: gates do not act",
+            View {
+                gates_pass: true,
+                cordon: CordonView::OursThisBoot {
+                    by_this_agent: true,
+                },
+                ..view(Phase::Drained)
+            },
+            vec![],
+        ),
+    ];
+    for (name, v, want) in cases {
+        assert_eq!(reconcile(&v), want, "{name}");
+    }
+}

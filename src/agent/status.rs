@@ -1,0 +1,234 @@
+//! The status file: what the agent sees, written atomically whenever it changes, and read by
+//! `nodeward status` (which adds live facts from logind and the API when they are reachable).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::state::{Lock, Phase};
+use crate::gate::GateStatus;
+use crate::logind::ShutdownKind;
+
+/// Errors reading or writing the status file.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be written.
+    #[error(transparent)]
+    Write(#[from] crate::fsutil::Error),
+    /// The file could not be read (the agent is not running, or runs with another
+    /// `agent.status_file`).
+    #[error("cannot read the agent's status file {}: {source}; is nodeward.service running?", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a status the agent wrote.
+    #[error("{} is not a nodeward status file: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's complaint.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// How the last shutdown drain went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainSummary {
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// The kind of shutdown.
+    pub kind: ShutdownKind,
+    /// What was done: drain, cordon or nothing.
+    pub policy: crate::config::ShutdownPolicy,
+    /// The deadline, in milliseconds.
+    pub deadline_ms: u64,
+    /// `drained`, `refused`, `deadline exceeded`, `cordoned`, `failed: …`.
+    pub outcome: String,
+    /// Pods evicted.
+    pub evicted: usize,
+    /// Pods still there at the end.
+    pub left_behind: Vec<String>,
+    /// Pods refused.
+    pub refused: Vec<String>,
+    /// Milliseconds from the signal to the lock's release.
+    pub elapsed_ms: u64,
+}
+
+/// Everything `nodeward status` shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The agent's pid.
+    pub pid: u32,
+    /// The Node.
+    pub node: String,
+    /// Phase.
+    pub phase: Phase,
+    /// The inhibitor lock.
+    pub lock: Lock,
+    /// How many times the agent has taken the lock (more than once after logind or the bus
+    /// restarted, or a shutdown was cancelled).
+    pub lock_takes: u32,
+    /// logind's `InhibitDelayMaxUSec`, in milliseconds, when known.
+    pub inhibit_delay_max_ms: Option<u64>,
+    /// What the agent waits for, as in systemd's STATUS=.
+    pub waiting_for: String,
+    /// The Node is registered.
+    pub node_registered: bool,
+    /// Per gate.
+    pub gates: Vec<GateStatus>,
+    /// The boot deadline passed with gates failing (NodeNotReadyInTime).
+    pub not_ready_in_time: bool,
+    /// The Node carries the startup taint.
+    pub startup_taint: bool,
+    /// Who cordoned the Node, if it is cordoned.
+    pub cordoned_by: Option<String>,
+    /// The last shutdown drain.
+    pub last_drain: Option<DrainSummary>,
+    /// Things an operator should fix (cap too short, kubelet holds a lock).
+    pub warnings: Vec<String>,
+}
+
+/// Writes `status` to `path` atomically.
+pub fn write(path: &Path, status: &Status) -> Result<(), Error> {
+    let json = serde_json::to_vec_pretty(status).unwrap_or_default();
+    if let Some(dir) = path.parent() {
+        // The directory is under /run (tmpfs) and gone after a reboot; creating it is part of
+        // writing the file. A failure shows in the write below.
+        let _ = std::fs::create_dir_all(dir);
+    }
+    crate::fsutil::write_private_atomic(path, &json)?;
+    Ok(())
+}
+
+/// Reads the status file.
+pub fn read(path: &Path) -> Result<Status, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| Error::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |v: u64| format!("{:.1}s", v as f64 / 1000.0);
+        writeln!(f, "node:          {} (agent pid {})", self.node, self.pid)?;
+        writeln!(f, "phase:         {:?}", self.phase)?;
+        writeln!(f, "waiting for:   {}", self.waiting_for)?;
+        writeln!(
+            f,
+            "shutdown lock: {:?}, taken {} time(s) (logind InhibitDelayMaxSec: {})",
+            self.lock,
+            self.lock_takes,
+            self.inhibit_delay_max_ms.map_or("unknown".into(), ms)
+        )?;
+        writeln!(
+            f,
+            "node:          {}{}",
+            if self.node_registered {
+                "registered"
+            } else {
+                "not registered yet"
+            },
+            if self.startup_taint {
+                ", startup taint present"
+            } else {
+                ""
+            }
+        )?;
+        writeln!(
+            f,
+            "cordoned by:   {}",
+            self.cordoned_by.as_deref().unwrap_or("not cordoned")
+        )?;
+        writeln!(f, "gates:")?;
+        for g in &self.gates {
+            writeln!(
+                f,
+                "  {:<7} {}: {}",
+                format!("{:?}", g.state),
+                g.gate,
+                g.reason
+            )?;
+        }
+        if self.not_ready_in_time {
+            writeln!(
+                f,
+                "NOT READY IN TIME: the gates did not pass within agent.boot_deadline"
+            )?;
+        }
+        match &self.last_drain {
+            None => writeln!(f, "last drain:    none since the agent started")?,
+            Some(d) => writeln!(
+                f,
+                "last drain:    {} at {} ({:?}, policy {:?}, deadline {}): {} evicted, {} left behind, lock released after {}",
+                d.outcome,
+                d.started_at,
+                d.kind,
+                d.policy,
+                ms(d.deadline_ms),
+                d.evicted,
+                d.left_behind.len(),
+                ms(d.elapsed_ms)
+            )?,
+        }
+        for w in &self.warnings {
+            writeln!(f, "WARNING:       {w}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::GateState;
+
+    #[test]
+    fn round_trip_and_display() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sub/status.json");
+        let s = Status {
+            pid: 42,
+            node: "worker-1".into(),
+            phase: Phase::Gated,
+            lock: Lock::Held,
+            lock_takes: 1,
+            inhibit_delay_max_ms: Some(120_000),
+            waiting_for: "gates".into(),
+            node_registered: true,
+            gates: vec![GateStatus {
+                gate: "file /run/flannel/subnet.env".into(),
+                state: GateState::Fail,
+                reason: "missing".into(),
+            }],
+            not_ready_in_time: true,
+            startup_taint: true,
+            cordoned_by: None,
+            last_drain: None,
+            warnings: vec!["kubelet holds a delay lock".into()],
+        };
+        write(&path, &s).expect("write");
+        assert_eq!(read(&path).expect("read"), s);
+        let text = s.to_string();
+        for needle in [
+            "Held",
+            "120.0s",
+            "Fail    file /run/flannel/subnet.env: missing",
+            "NOT READY IN TIME",
+            "WARNING:       kubelet",
+        ] {
+            assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+        }
+        let e = read(&dir.path().join("none.json")).expect_err("missing");
+        assert!(e.to_string().contains("nodeward.service"), "{e}");
+    }
+}

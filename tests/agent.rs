@@ -1,0 +1,1118 @@
+//! The node agent as a real process (`nodeward agent`) against kube-emulator, and — for the
+//! shutdown path — the real systemd-logind on a private bus (logind-harness).
+//!
+//! Tests named `logind_*` need root and `apt-get install -y systemd dbus python3-dbusmock
+//! util-linux`; without them they fail with the harness's message saying what to install.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, watcher};
+use kube_emulator::{
+    Emulator, EmulatorHandle, EmulatorOptions, EvictionOutcome, FaultRule, PodSeed,
+};
+use logind_harness::{LogindHarness, Mode, Options};
+use nodeward::agent::status::Status;
+use nodeward::drain::cordon::CORDONED_BY;
+use serde_json::json;
+
+const NODE: &str = "worker-1";
+const TAINT: &str = "node.nodeward.io/not-ready";
+/// Upper bound for anything that should happen "at once" (milliseconds normally); generous for
+/// a loaded two-core machine compiling in parallel.
+const SOON: Duration = Duration::from_secs(15);
+/// logind's cap in the harness: the drain deadline is min(drain.timeout, cap - margin).
+const CAP: Duration = Duration::from_secs(8);
+
+async fn emulator() -> Arc<EmulatorHandle> {
+    let emu = Emulator::start(EmulatorOptions {
+        grace_scale: 0.001,
+        ..EmulatorOptions::default()
+    })
+    .await
+    .expect("emulator starts");
+    Arc::new(emu)
+}
+
+/// A node as kubelet registers it on a nodeward machine: with the startup taint.
+fn seed_tainted_node(emu: &EmulatorHandle) {
+    let mut n = kube_emulator::node_json(NODE);
+    n["spec"]["taints"] = json!([{"key": TAINT, "effect": "NoSchedule"}]);
+    emu.create(n).expect("node");
+}
+
+fn seed_flannel(emu: &EmulatorHandle, ready: bool) {
+    if emu.get("namespaces", None, "kube-flannel").is_none() {
+        emu.create(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-flannel"}}),
+        )
+        .expect("namespace");
+    }
+    emu.seed_pod(
+        PodSeed::new("kube-flannel", "kube-flannel-ds-abcde")
+            .node(NODE)
+            .label("app", "flannel")
+            .owner("DaemonSet", "kube-flannel-ds")
+            .ready(ready),
+    )
+    .expect("flannel pod");
+}
+
+fn seed_workload(emu: &EmulatorHandle, n: usize) {
+    for i in 0..n {
+        emu.seed_pod(
+            PodSeed::new("default", &format!("web-{i}"))
+                .node(NODE)
+                .label("app", "web")
+                .owner("ReplicaSet", "web")
+                .grace(30)
+                .ready(true),
+        )
+        .expect("pod");
+    }
+}
+
+/// `nodeward agent` running as a child process with its own config and bus.
+struct AgentProc {
+    child: tokio::process::Child,
+    dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl AgentProc {
+    fn flannel_file(&self) -> PathBuf {
+        self.dir.path().join("run/flannel/subnet.env")
+    }
+    fn status_file(&self) -> PathBuf {
+        self.dir.path().join("status.json")
+    }
+    fn config_file(&self) -> PathBuf {
+        self.dir.path().join("config.toml")
+    }
+    fn pid(&self) -> i32 {
+        self.child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .expect("agent running")
+    }
+
+    fn write_flannel(&self) {
+        let path = self.flannel_file();
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        // Atomically, as flannel does.
+        let tmp = path.with_extension("tmp");
+        std::fs::write(
+            &tmp,
+            "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_MTU=1450\n",
+        )
+        .expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+    }
+
+    fn sigterm(&self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("kill");
+    }
+
+    async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(SOON, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("agent did not exit\n{}", self.log_text()))
+            .expect("wait")
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the status file satisfies `pred` (re-reading on every inotify event).
+    async fn wait_status(&self, what: &str, pred: impl Fn(&Status) -> bool) -> Status {
+        let path = self.status_file();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let _w = nodeward::gate::watch::FileWatcher::new(vec![path.clone()], tx).expect("watch");
+        let deadline = tokio::time::Instant::now() + SOON;
+        loop {
+            if let Ok(s) = nodeward::agent::status::read(&path)
+                && pred(&s)
+            {
+                return s;
+            }
+            if tokio::time::timeout_at(deadline, rx.recv()).await.is_err() {
+                let last = nodeward::agent::status::read(&path)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                panic!(
+                    "timed out waiting for status: {what}\nlast status:\n{last}\nagent log:\n{}",
+                    self.log_text()
+                );
+            }
+        }
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- agent log ---\n{}", self.log_text());
+        }
+    }
+}
+
+struct Setup<'a> {
+    emu: &'a EmulatorHandle,
+    bus: Option<&'a str>,
+    dropin_dir: Option<&'a Path>,
+    extra: &'a str,
+}
+
+fn spawn_agent(s: Setup<'_>) -> AgentProc {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let flannel = dir.path().join("run/flannel/subnet.env");
+    let dropin = s
+        .dropin_dir
+        .map_or_else(|| dir.path().join("logind.conf.d"), Path::to_path_buf)
+        .join("90-nodeward.conf");
+    let config = format!(
+        r#"[node]
+name = "{NODE}"
+kubeconfig = "{kc}"
+[agent]
+status_file = "{status}"
+[drain]
+timeout = "5s"
+[shutdown]
+safety_margin = "1s"
+logind_dropin = "{dropin}"
+[gates]
+file = [{{ path = "{flannel}", contains = "FLANNEL_SUBNET=" }}]
+{extra}
+"#,
+        kc = s.emu.kubeconfig_path().display(),
+        status = dir.path().join("status.json").display(),
+        dropin = dropin.display(),
+        flannel = flannel.display(),
+        extra = s.extra,
+    );
+    // `extra` may redefine a section: parse it as a drop-in instead, so keys merge.
+    let (main, dropin_cfg) = match config.split_once("#DROPIN\n") {
+        Some((a, b)) => (a.to_string(), Some(b.to_string())),
+        None => (config, None),
+    };
+    std::fs::write(dir.path().join("config.toml"), main).expect("config");
+    if let Some(d) = dropin_cfg {
+        std::fs::create_dir(dir.path().join("config.d")).expect("mkdir");
+        std::fs::write(dir.path().join("config.d/50-test.toml"), d).expect("dropin");
+    }
+    let log = dir.path().join("agent.log");
+    let logf = std::fs::File::create(&log).expect("log");
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"));
+    cmd.arg("agent")
+        .arg("--config")
+        .arg(dir.path().join("config.toml"))
+        .env(
+            "RUST_LOG",
+            std::env::var("AGENT_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("JOURNAL_STREAM")
+        .stdout(std::process::Stdio::null())
+        .stderr(logf)
+        .kill_on_drop(true);
+    match s.bus {
+        Some(b) => cmd.env("DBUS_SYSTEM_BUS_ADDRESS", b),
+        // No bus at all: the gate tests do not need logind.
+        None => cmd.env(
+            "DBUS_SYSTEM_BUS_ADDRESS",
+            format!("unix:path={}", dir.path().join("no-bus.sock").display()),
+        ),
+    };
+    let child = cmd.spawn().expect("spawn nodeward agent");
+    AgentProc { child, dir, log }
+}
+
+async fn client(emu: &EmulatorHandle) -> kube::Client {
+    nodeward::kube_client::client(Some(emu.kubeconfig_path()))
+        .await
+        .expect("client")
+}
+
+fn schedulable(n: &Node) -> bool {
+    let spec = n.spec.as_ref();
+    !spec.and_then(|s| s.unschedulable).unwrap_or(false)
+        && !spec
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| t.key == TAINT))
+}
+
+fn has_taint(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == TAINT))
+}
+
+/// Waits (on a watch) until the Node satisfies `pred`.
+async fn wait_node(emu: &EmulatorHandle, what: &str, pred: impl Fn(&Node) -> bool) -> Node {
+    let api: kube::Api<Node> = kube::Api::all(client(emu).await);
+    let cond = move |n: Option<&Node>| n.is_some_and(&pred);
+    let found = tokio::time::timeout(SOON, kube::runtime::wait::await_condition(api, NODE, cond))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "timed out waiting for the node: {what}; node: {:?}",
+                emu.get("nodes", None, NODE)
+            )
+        })
+        .expect("watch");
+    found.expect("node exists")
+}
+
+/// Waits (on a watch) for an events.k8s.io Event about the Node with `reason`.
+async fn wait_event(emu: &EmulatorHandle, reason: &str) -> k8s_openapi::api::events::v1::Event {
+    let api: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(client(emu).await, "default");
+    let stream = watcher(api, watcher::Config::default()).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    tokio::time::timeout(SOON, async {
+        while let Some(ev) = stream.next().await {
+            if let Ok(e) = ev
+                && e.reason.as_deref() == Some(reason)
+            {
+                return e;
+            }
+        }
+        panic!("event stream ended")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {reason} event"))
+}
+
+fn cordoned_by_us(n: &Node) -> bool {
+    n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+        && n.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(CORDONED_BY))
+}
+
+fn pods_on_node(emu: &EmulatorHandle) -> Vec<String> {
+    emu.list("pods", None)
+        .into_iter()
+        .filter(|p| p.pointer("/spec/nodeName").and_then(|v| v.as_str()) == Some(NODE))
+        .filter_map(|p| {
+            p.pointer("/metadata/name")
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+async fn harness(cap: Duration) -> LogindHarness {
+    match LogindHarness::start(Options {
+        mode: Mode::Real,
+        inhibit_delay_max: cap,
+        ..Options::default()
+    })
+    .await
+    {
+        Ok(h) => h,
+        Err(e) => panic!("cannot start the logind harness: {e}"),
+    }
+}
+
+fn ours(list: &[logind_harness::Inhibitor]) -> usize {
+    list.iter()
+        .filter(|i| i.who == "nodeward" && i.mode == "delay" && i.what.contains("shutdown"))
+        .count()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Readiness gates
+// ---------------------------------------------------------------------------------------------
+
+/// The agent starts before kubeadm join registers the Node; once the Node exists and every gate
+/// passes, the startup taint goes.
+#[tokio::test]
+async fn gates_pass_and_the_startup_taint_is_removed_on_a_node_registered_late() {
+    let emu = emulator().await;
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: None,
+        dropin_dir: None,
+        extra: "",
+    });
+    agent
+        .wait_status("pods listed, node not registered yet", |s| {
+            !s.node_registered
+                && s.gates
+                    .iter()
+                    .any(|g| g.reason == "node not registered yet")
+                && s.gates
+                    .iter()
+                    .any(|g| g.reason == "no such pod on this node")
+        })
+        .await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    let st = agent
+        .wait_status("node seen, file gate failing", |s| {
+            s.node_registered
+                && s.gates
+                    .iter()
+                    .any(|g| g.gate.starts_with("file") && g.reason == "missing")
+        })
+        .await;
+    assert!(st.startup_taint, "{st}");
+    let n = emu.get("nodes", None, NODE).expect("node");
+    assert!(
+        n.pointer("/spec/taints").is_some(),
+        "no gate passed yet: taint stays"
+    );
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    agent
+        .wait_status("ready", |s| {
+            s.waiting_for.contains("schedulable") || s.phase == nodeward::agent::state::Phase::Ready
+        })
+        .await;
+}
+
+/// An administrator's cordon is theirs: the taint goes, the cordon stays.
+#[tokio::test]
+async fn an_admin_cordon_is_kept() {
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    emu.modify("nodes", None, NODE, |n| {
+        n["spec"]["unschedulable"] = json!(true)
+    })
+    .expect("admin cordon");
+    seed_flannel(&emu, true);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: None,
+        dropin_dir: None,
+        extra: "",
+    });
+    agent.write_flannel();
+    wait_node(&emu, "taint removed", |n| !has_taint(n)).await;
+    let st = agent
+        .wait_status("ready", |s| s.phase == nodeward::agent::state::Phase::Ready)
+        .await;
+    let n = emu.get("nodes", None, NODE).expect("node");
+    assert_eq!(
+        n.pointer("/spec/unschedulable"),
+        Some(&json!(true)),
+        "admin cordon lifted!"
+    );
+    assert!(st.cordoned_by.is_some(), "{st}");
+}
+
+/// After a reboot the Node comes back cordoned by nodeward (its record predates this boot): the
+/// agent lifts it once the gates pass. The pod gate waits for flannel's pod to be Ready.
+#[tokio::test]
+async fn reboot_round_trip_uncordons_our_cordon_from_before_the_boot() {
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    let record = json!({"reason": "shutdown (reboot)", "at": "2020-01-01T00:00:00Z", "excluded_from_lb": true, "shutdown": true}).to_string();
+    emu.modify("nodes", None, NODE, |n| {
+        n["spec"]["unschedulable"] = json!(true);
+        n["metadata"]["annotations"] = json!({CORDONED_BY: record});
+        n["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"] =
+            json!("true");
+    })
+    .expect("cordoned before reboot");
+    seed_flannel(&emu, false);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: None,
+        dropin_dir: None,
+        extra: "",
+    });
+    agent.write_flannel();
+    agent
+        .wait_status("only the pod gate fails", |s| {
+            s.gates
+                .iter()
+                .filter(|g| g.state != nodeward::gate::GateState::Pass)
+                .count()
+                == 1
+                && s.gates
+                    .iter()
+                    .any(|g| g.gate.starts_with("pod") && g.reason.contains("not Ready"))
+        })
+        .await;
+    emu.set_pod_ready("kube-flannel", "kube-flannel-ds-abcde", true)
+        .expect("ready");
+    let n = wait_node(&emu, "schedulable", schedulable).await;
+    let labels = n.metadata.labels.unwrap_or_default();
+    assert!(
+        !labels.contains_key("node.kubernetes.io/exclude-from-external-load-balancers"),
+        "the LB exclusion nodeward added is removed with its cordon"
+    );
+    assert!(
+        !n.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(CORDONED_BY)
+    );
+}
+
+/// flannel dies after the node became schedulable: the startup taint comes back, and goes again
+/// when flannel recovers.
+#[tokio::test]
+async fn flannel_dying_reapplies_the_taint() {
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: None,
+        dropin_dir: None,
+        extra: "",
+    });
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    emu.set_pod_ready("kube-flannel", "kube-flannel-ds-abcde", false)
+        .expect("flannel not ready");
+    wait_node(&emu, "taint back", has_taint).await;
+    std::fs::remove_file(agent.flannel_file()).expect("rm");
+    emu.set_pod_ready("kube-flannel", "kube-flannel-ds-abcde", true)
+        .expect("flannel ready");
+    agent
+        .wait_status("file gate failing", |s| {
+            s.gates
+                .iter()
+                .any(|g| g.gate.starts_with("file") && g.reason == "missing")
+                && s.startup_taint
+        })
+        .await;
+    agent.write_flannel();
+    wait_node(&emu, "schedulable again", schedulable).await;
+}
+
+/// Gates that never pass: NodeNotReadyInTime on the Node, and in `nodeward status`.
+#[tokio::test]
+async fn boot_deadline_reports_node_not_ready_in_time() {
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: None,
+        dropin_dir: None,
+        extra: "#DROPIN\n[agent]\nboot_deadline = \"1s\"\n",
+    });
+    let ev = wait_event(&emu, "NodeNotReadyInTime").await;
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    let note = ev.note.unwrap_or_default();
+    assert!(note.contains("file") && note.contains("missing"), "{note}");
+    assert!(note.contains("pod kube-flannel/app=flannel"), "{note}");
+    agent
+        .wait_status("not ready in time", |s| s.not_ready_in_time)
+        .await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .arg("status")
+        .arg("--config")
+        .arg(agent.config_file())
+        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+        .output()
+        .expect("nodeward status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("NOT READY IN TIME"), "{text}");
+    assert!(text.contains("Fail    file"), "{text}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shutdown, with the real logind
+// ---------------------------------------------------------------------------------------------
+
+/// The whole shutdown path: lock listed with who "nodeward"; PowerOff → drain (PDB respected) →
+/// lock released → logind starts poweroff.target; shutdown cancelled → lock taken again and our
+/// cordon lifted.
+#[tokio::test]
+async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
+    let h = harness(CAP).await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    seed_workload(&emu, 6);
+    emu.seed_node("worker-2").expect("node 2");
+    emu.create(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}
+    }))
+    .expect("pdb");
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: Some(h.dropin_dir()),
+        extra: "",
+    });
+    let list = h
+        .wait_for_inhibitors(SOON, |l| ours(l) == 1)
+        .await
+        .expect("lock taken");
+    let lock = list.iter().find(|i| i.who == "nodeward").expect("ours");
+    assert_eq!(lock.why, "draining Kubernetes node before shutdown");
+    assert_eq!(lock.mode, "delay");
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+
+    // A stand-in ReplicaSet controller: replacements on worker-2 so the budget reopens.
+    let emu2 = emu.clone();
+    let controller = tokio::spawn(async move {
+        let mut done = std::collections::HashSet::new();
+        loop {
+            for p in emu2.list("pods", Some("default")) {
+                let name = p
+                    .pointer("/metadata/name")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string();
+                if p.pointer("/metadata/deletionTimestamp").is_some() && done.insert(name.clone()) {
+                    let _ = emu2.seed_pod(
+                        PodSeed::new("default", &format!("{name}-r"))
+                            .node("worker-2")
+                            .label("app", "web")
+                            .owner("ReplicaSet", "web")
+                            .ready(true),
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    let t0 = Instant::now();
+    h.power_off().await.expect("PowerOff");
+    h.wait_for_unit_started("poweroff.target", SOON)
+        .await
+        .expect("logind proceeds once the lock is released");
+    let took = t0.elapsed();
+    controller.abort();
+    assert!(
+        took < CAP,
+        "released by the agent, not logind's cap: {took:?}"
+    );
+    assert_eq!(
+        pods_on_node(&emu),
+        ["kube-flannel-ds-abcde"],
+        "DaemonSet pod stays, the rest left"
+    );
+    let blocked = emu
+        .evictions()
+        .iter()
+        .filter(|e| matches!(e.outcome, EvictionOutcome::Blocked { .. }))
+        .count();
+    assert!(
+        blocked > 0,
+        "the budget never pushed back; the test proves nothing"
+    );
+    let st = agent
+        .wait_status("drained", |s| s.last_drain.is_some())
+        .await;
+    let d = st.last_drain.as_ref().expect("drain");
+    assert_eq!(d.outcome, "drained", "{st}");
+    assert_eq!(d.evicted, 6);
+    assert_eq!(st.lock, nodeward::agent::state::Lock::Released);
+    assert!(cordoned_by_us(&emu_node(&emu)));
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 0)
+        .await
+        .expect("our lock is gone from logind's list");
+
+    // systemctl cancel: logind sends PrepareForShutdown(false).
+    h.cancel_shutdown().await.expect("cancel");
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 1)
+        .await
+        .expect("lock taken again after the cancel");
+    wait_node(
+        &emu,
+        "our shutdown cordon lifted after the cancel",
+        schedulable,
+    )
+    .await;
+    h.shutdown().await;
+}
+
+fn emu_node(emu: &EmulatorHandle) -> Node {
+    serde_json::from_value(emu.get("nodes", None, NODE).expect("node")).expect("node json")
+}
+
+/// logind crashes and comes back: it keeps the old lock (in /run/systemd/inhibit), the agent
+/// takes a new one and closes the old, so exactly one of ours remains — and it works.
+#[tokio::test]
+async fn logind_restart_retakes_the_lock_and_keeps_only_one() {
+    let mut h = harness(CAP).await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: Some(h.dropin_dir()),
+        extra: "",
+    });
+    agent.wait_status("lock held", |s| s.lock_takes == 1).await;
+    h.kill_logind_with(logind_harness::Signal::SIGKILL)
+        .await
+        .expect("kill logind");
+    h.restart_logind().await.expect("restart logind");
+    let t0 = Instant::now();
+    agent
+        .wait_status("lock taken again", |s| s.lock_takes == 2)
+        .await;
+    let retake = t0.elapsed();
+    let list = h
+        .wait_for_inhibitors(SOON, |l| ours(l) == 1)
+        .await
+        .expect("exactly one lock of ours");
+    assert_eq!(ours(&list), 1, "{list:?}");
+    assert!(
+        retake < Duration::from_secs(3),
+        "re-taken within about a second: {retake:?}"
+    );
+
+    // The re-taken lock really holds a shutdown and is released by the drain.
+    let t0 = Instant::now();
+    h.power_off().await.expect("PowerOff");
+    h.wait_for_unit_started("poweroff.target", SOON)
+        .await
+        .expect("poweroff");
+    assert!(
+        t0.elapsed() < CAP,
+        "released by the agent: {:?}",
+        t0.elapsed()
+    );
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 0)
+        .await
+        .expect("no lock of ours left");
+    h.shutdown().await;
+}
+
+/// Every eviction fails (the API answers 503): the lock is still released by the deadline
+/// (cap − margin), the node stays cordoned and annotated, nothing hangs.
+#[tokio::test]
+async fn logind_api_failing_during_shutdown_releases_the_lock_by_the_deadline() {
+    let h = harness(Duration::from_secs(4)).await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    seed_workload(&emu, 3);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: Some(h.dropin_dir()),
+        // cap 4 s < drain 5 s + margin 1 s: the agent would raise the cap; keep it, to test
+        // the deadline derived from the cap.
+        extra: "#DROPIN\n[drain]\ntimeout = \"2s\"\n",
+    });
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 1)
+        .await
+        .expect("lock");
+    emu.add_fault(FaultRule::rate("create", "pods/eviction", 503, 1.0));
+    let t0 = Instant::now();
+    h.power_off().await.expect("PowerOff");
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 0)
+        .await
+        .expect("lock released");
+    let released = t0.elapsed();
+    assert!(
+        released < Duration::from_secs(4),
+        "released before logind's cap: {released:?}"
+    );
+    assert!(
+        released >= Duration::from_millis(1500),
+        "released at the deadline, not before: {released:?}"
+    );
+    h.wait_for_unit_started("poweroff.target", SOON)
+        .await
+        .expect("poweroff");
+    let st = agent
+        .wait_status("drain recorded", |s| s.last_drain.is_some())
+        .await;
+    let d = st.last_drain.as_ref().expect("drain");
+    assert!(d.outcome.contains("deadline"), "{st}");
+    assert_eq!(d.left_behind.len(), 3, "{st}");
+    assert!(cordoned_by_us(&emu_node(&emu)), "cordoned and annotated");
+    h.shutdown().await;
+}
+
+/// The API server is unreachable for the whole shutdown: the drain cannot even start, the lock
+/// is still released by the deadline.
+#[tokio::test]
+async fn logind_api_unreachable_during_shutdown_releases_the_lock_by_the_deadline() {
+    let h = harness(Duration::from_secs(4)).await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: Some(h.dropin_dir()),
+        extra: "#DROPIN\n[drain]\ntimeout = \"2s\"\n",
+    });
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 1)
+        .await
+        .expect("lock");
+    emu.refuse_connections(Duration::from_secs(30)).await;
+    let t0 = Instant::now();
+    h.power_off().await.expect("PowerOff");
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 0)
+        .await
+        .expect("lock released");
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "released before logind's cap: {:?}",
+        t0.elapsed()
+    );
+    let st = agent
+        .wait_status("drain recorded", |s| s.last_drain.is_some())
+        .await;
+    let d = st.last_drain.as_ref().expect("drain");
+    assert!(
+        d.outcome.contains("cannot get node") || d.outcome.contains("deadline"),
+        "the failure is reported: {st}"
+    );
+    h.shutdown().await;
+}
+
+/// SIGTERM means "the service is stopping" (a package upgrade), not a shutdown: the lock is
+/// closed, the process exits 0, and nothing is drained or cordoned.
+#[tokio::test]
+async fn logind_sigterm_releases_the_lock_without_draining() {
+    let h = harness(CAP).await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    seed_workload(&emu, 3);
+    let mut agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: Some(h.dropin_dir()),
+        extra: "",
+    });
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 1)
+        .await
+        .expect("lock");
+    agent.sigterm();
+    let status = agent.wait_exit().await;
+    assert!(status.success(), "exit 0 on SIGTERM: {status}");
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 0)
+        .await
+        .expect("lock closed");
+    assert!(emu.evictions().is_empty(), "SIGTERM must not drain");
+    assert!(schedulable(&emu_node(&emu)), "SIGTERM must not cordon");
+    assert_eq!(pods_on_node(&emu).len(), 4);
+    h.shutdown().await;
+}
+
+/// A short cap is raised with the drop-in and a SIGHUP; kubelet's own delay lock is warned about.
+#[tokio::test]
+async fn logind_short_cap_is_raised_and_kubelet_lock_is_warned_about() {
+    let h = harness(Duration::from_secs(1)).await;
+    let _kubelet = h
+        .inhibit(
+            "shutdown",
+            "kubelet",
+            "Kubelet needs time to handle node shutdown",
+            "delay",
+        )
+        .await
+        .expect("kubelet's lock");
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: Some(h.dropin_dir()),
+        extra: "#DROPIN\n[shutdown]\ninhibit_delay_max = \"30s\"\n",
+    });
+    let st = agent
+        .wait_status("cap raised", |s| s.inhibit_delay_max_ms == Some(30_000))
+        .await;
+    assert_eq!(
+        h.inhibit_delay_max().await.expect("cap"),
+        Duration::from_secs(30)
+    );
+    let dropin = std::fs::read_to_string(h.dropin_dir().join("90-nodeward.conf")).expect("dropin");
+    assert!(dropin.contains("InhibitDelayMaxSec=30"), "{dropin}");
+    assert!(
+        st.warnings
+            .iter()
+            .any(|w| w.contains("kubelet") && w.contains("shutdownGracePeriod")),
+        "{st}"
+    );
+    h.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The operator's drain
+// ---------------------------------------------------------------------------------------------
+
+/// `nodeward drain` — nodeward-drain.service's ExecStop — drains while the agent runs, and the
+/// agent leaves that cordon alone (it was made this boot, by the operator).
+#[tokio::test]
+async fn execstop_drain_drains_and_the_agent_keeps_the_cordon() {
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    seed_workload(&emu, 4);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: None,
+        dropin_dir: None,
+        extra: "",
+    });
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .arg("drain")
+        .arg("--config")
+        .arg(agent.config_file())
+        .output()
+        .await
+        .expect("nodeward drain");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(pods_on_node(&emu), ["kube-flannel-ds-abcde"]);
+    agent
+        .wait_status("agent sees the operator's cordon", |s| {
+            s.cordoned_by
+                .as_deref()
+                .is_some_and(|c| c.starts_with("nodeward"))
+        })
+        .await;
+    // Make the gates flap: the agent must still not lift the operator's drain.
+    std::fs::remove_file(agent.flannel_file()).expect("rm");
+    agent.wait_status("gate failing", |s| s.startup_taint).await;
+    agent.write_flannel();
+    wait_node(&emu, "taint gone again", |n| !has_taint(n)).await;
+    agent
+        .wait_status("ready again", |s| {
+            s.phase == nodeward::agent::state::Phase::Ready
+        })
+        .await;
+    assert!(
+        cordoned_by_us(&emu_node(&emu)),
+        "the operator's drain stays cordoned"
+    );
+}
+
+/// systemd 255+ says which kind of shutdown it is (`PrepareForShutdownWithMetadata`); logind 252
+/// cannot, so dbusmock's logind plays it: a reboot with `on_reboot = "cordon"` only cordons,
+/// evicts nothing, and releases the lock.
+#[tokio::test]
+async fn logind_metadata_reboot_applies_the_reboot_policy() {
+    let h = match LogindHarness::start(Options {
+        mode: Mode::DbusmockLogind,
+        ..Options::default()
+    })
+    .await
+    {
+        Ok(h) => h,
+        Err(e) => panic!("cannot start the logind harness: {e}"),
+    };
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    seed_workload(&emu, 2);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: None,
+        // dbusmock's cap is 5 s: a 2 s drain fits, so the agent leaves logind's config alone.
+        extra: "#DROPIN\n[drain]\ntimeout = \"2s\"\n[shutdown]\non_reboot = \"cordon\"\non_poweroff = \"drain\"\non_unknown = \"drain\"\n",
+    });
+    agent
+        .wait_status("lock held", |s| {
+            s.lock == nodeward::agent::state::Lock::Held
+        })
+        .await;
+    let conn = h.connection().await.expect("bus");
+    let meta: std::collections::HashMap<&str, zbus::zvariant::Value<'_>> =
+        [("type", zbus::zvariant::Value::from("reboot"))].into();
+    conn.call_method(
+        Some("org.freedesktop.login1"),
+        "/org/freedesktop/login1",
+        Some("org.freedesktop.DBus.Mock"),
+        "EmitSignal",
+        &(
+            "org.freedesktop.login1.Manager",
+            "PrepareForShutdownWithMetadata",
+            "ba{sv}",
+            vec![
+                zbus::zvariant::Value::from(true),
+                zbus::zvariant::Value::from(meta),
+            ],
+        ),
+    )
+    .await
+    .expect("EmitSignal");
+    let st = agent
+        .wait_status("shutdown handled", |s| s.last_drain.is_some())
+        .await;
+    let d = st.last_drain.as_ref().expect("drain");
+    assert_eq!(d.kind, nodeward::logind::ShutdownKind::Reboot, "{st}");
+    assert_eq!(d.policy, nodeward::config::ShutdownPolicy::Cordon, "{st}");
+    assert_eq!(d.outcome, "cordoned", "{st}");
+    assert_eq!(st.lock, nodeward::agent::state::Lock::Released);
+    assert!(cordoned_by_us(&emu_node(&emu)));
+    assert!(emu.evictions().is_empty(), "the reboot policy only cordons");
+    h.shutdown().await;
+}
+
+/// Idle, the agent sends nothing but its watches' renewals: no gets, no patches, no lists.
+#[tokio::test]
+async fn idle_agent_sends_no_requests() {
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: None,
+        dropin_dir: None,
+        extra: "",
+    });
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    agent
+        .wait_status("ready", |s| s.phase == nodeward::agent::state::Phase::Ready)
+        .await;
+    emu.clear_requests();
+    // Measuring an absence takes a window; nothing to await here.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counts = emu.request_counts();
+    let busy: Vec<_> = counts
+        .iter()
+        .filter(|c| c.count > 0 && c.verb != "watch")
+        .collect();
+    assert!(
+        busy.is_empty(),
+        "idle requests: {busy:?}\n{}",
+        agent.log_text()
+    );
+}
+
+/// A machine that goes down before kubeadm join registered its Node has nothing to drain: the
+/// lock goes at once instead of at the deadline.
+#[tokio::test]
+async fn logind_shutdown_before_the_node_registered_releases_at_once() {
+    let h = match LogindHarness::start(Options {
+        mode: Mode::DbusmockLogind,
+        ..Options::default()
+    })
+    .await
+    {
+        Ok(h) => h,
+        Err(e) => panic!("cannot start the logind harness: {e}"),
+    };
+    let emu = emulator().await;
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: None,
+        extra: "#DROPIN\n[drain]\ntimeout = \"4s\"\n",
+    });
+    agent
+        .wait_status("lock held, node not registered", |s| {
+            s.lock == nodeward::agent::state::Lock::Held
+                && s.gates
+                    .iter()
+                    .any(|g| g.reason == "node not registered yet")
+        })
+        .await;
+    let t0 = Instant::now();
+    h.emit_prepare_for_shutdown(true).await.expect("signal");
+    let st = agent
+        .wait_status("shutdown handled", |s| s.last_drain.is_some())
+        .await;
+    assert_eq!(
+        st.last_drain.as_ref().map(|d| d.outcome.as_str()),
+        Some("nothing to drain: the node is not registered"),
+        "{st}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "released at once: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(st.lock, nodeward::agent::state::Lock::Released);
+    h.shutdown().await;
+}
+
+/// A health endpoint that answers 200 or 503, as told.
+async fn health_server(healthy: Arc<std::sync::atomic::AtomicBool>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let healthy = healthy.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                // One request per connection is enough for the probe; answer and close.
+                let _ = sock.read(&mut buf).await;
+                let status = if healthy.load(std::sync::atomic::Ordering::SeqCst) {
+                    "200 OK"
+                } else {
+                    "503 Service Unavailable"
+                };
+                let _ = sock
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}/health")
+}
+
+/// An http gate (a CNI health port): 2xx passes, 503 puts the taint back.
+#[tokio::test]
+async fn http_gate_follows_the_health_endpoint() {
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let url = health_server(healthy.clone()).await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: None,
+        dropin_dir: None,
+        extra: &format!(
+            "#DROPIN\n[gates]\nhttp_interval = \"100ms\"\nhttp = [{{ url = \"{url}\" }}]\n"
+        ),
+    });
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    healthy.store(false, std::sync::atomic::Ordering::SeqCst);
+    wait_node(&emu, "taint back after a 503", has_taint).await;
+    let st = agent
+        .wait_status("http gate failing", |s| {
+            s.gates
+                .iter()
+                .any(|g| g.gate.starts_with("http") && g.reason.contains("503"))
+        })
+        .await;
+    assert!(st.startup_taint, "{st}");
+    healthy.store(true, std::sync::atomic::Ordering::SeqCst);
+    wait_node(&emu, "schedulable again", schedulable).await;
+}
