@@ -722,10 +722,10 @@ impl<'a> Drain<'a> {
             if progress_dirty {
                 wake = wake.min(last_progress + PROGRESS_EVERY);
             }
-            if inflight.len() < self.opts.concurrency {
-                if let Some(t) = self.next_retry(wave, &budgets) {
-                    wake = wake.min(t);
-                }
+            if inflight.len() < self.opts.concurrency
+                && let Some(t) = self.next_retry(wave, &budgets)
+            {
+                wake = wake.min(t);
             }
             tokio::select! {
                 Some((uid, result)) = inflight.next(), if !inflight.is_empty() => {
@@ -735,10 +735,11 @@ impl<'a> Drain<'a> {
                 Some(ev) = pod_events.next() => {
                     match ev {
                         Ok(ev) => {
-                            if let watcher::Event::Apply(p) = &ev {
-                                if !self.tracked.contains_key(&pod_key(p)) && p.metadata.deletion_timestamp.is_none() {
-                                    self.track(p);
-                                }
+                            if let watcher::Event::Apply(p) = &ev
+                                && !self.tracked.contains_key(&pod_key(p))
+                                && p.metadata.deletion_timestamp.is_none()
+                            {
+                                self.track(p);
                             }
                             pods.apply(ev);
                         }

@@ -739,7 +739,10 @@ mod tests {
     use super::*;
     use crate::resources::{NAMESPACES, NODES, PDBS};
 
-    fn res(route: &Route) -> Option<(ResId, Option<String>, Option<String>, Option<String>)> {
+    /// Resource, namespace, name and subresource of a route.
+    type Parts = (ResId, Option<String>, Option<String>, Option<String>);
+
+    fn res(route: &Route) -> Option<Parts> {
         match route {
             Route::Resource {
                 res, ns, name, sub, ..

@@ -1431,10 +1431,9 @@ impl State {
                 .and_then(Value::as_i64)
                 .unwrap_or(0)
                 == 0
+            && let Some(last) = self.remove(res, &key)
         {
-            if let Some(last) = self.remove(res, &key) {
-                return Ok(last);
-            }
+            return Ok(last);
         }
         if res == PDBS {
             self.recompute_pdb(&key);
