@@ -11,6 +11,7 @@ pub mod fsutil;
 pub mod kube_client;
 pub mod logging;
 pub mod render;
+pub mod scaler;
 pub mod secret;
 pub mod tomlfile;
 pub mod validate;

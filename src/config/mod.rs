@@ -8,11 +8,15 @@
 //! `&str`, so tests never touch the filesystem or the environment.
 
 mod fragment;
+mod scaler;
 mod types;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use scaler::{
+    Capacity, CherrySettings, ExecSettings, Expander, GroupSettings, ProviderKind, ScalerSettings,
+};
 pub use types::{OnDeadline, Wave};
 
 /// Where the agent looks when neither `--config` nor `NODEWARD_CONFIG` is given.
@@ -54,6 +58,8 @@ pub struct Settings {
     pub node: NodeSettings,
     /// How drains behave.
     pub drain: DrainSettings,
+    /// The central scaler.
+    pub scaler: ScalerSettings,
 }
 
 /// `[node]`: which node this agent speaks for and how it reaches the API server.
@@ -104,6 +110,7 @@ impl Default for Settings {
                 exclude_from_load_balancers: true,
                 waves: types::default_waves(),
             },
+            scaler: ScalerSettings::default(),
         }
     }
 }
