@@ -9,6 +9,7 @@
 
 pub mod decide;
 pub mod model;
+pub mod provider;
 pub mod resources;
 
 pub use decide::{Action, decide};

@@ -52,7 +52,13 @@ fn announce(bin: &Path) {
         let v = std::process::Command::new(bin)
             .args(["version", "--client"])
             .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or_default().to_string())
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            })
             .unwrap_or_else(|e| format!("cannot run: {e}"));
         eprintln!("kubectl under test: {} ({v})", bin.display());
     });
@@ -132,7 +138,8 @@ impl Env {
         let mut a = args.to_vec();
         a.extend(["-o", "json"]);
         let out = self.ok(&a).await;
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("kubectl {args:?} printed no JSON ({e}):\n{out}"))
+        serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("kubectl {args:?} printed no JSON ({e}):\n{out}"))
     }
 
     fn file(&self, name: &str, text: &str) -> String {
@@ -250,9 +257,22 @@ async fn create_and_get() {
     let pod = env.json(&["get", "pod", "web", "-n", "team"]).await;
     assert_eq!(pod["status"]["phase"], "Pending");
     assert_eq!(pod["spec"]["nodeName"], "n1");
-    assert!(pod["metadata"]["uid"].as_str().is_some_and(|u| u.len() == 36));
-    assert!(pod["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse::<u64>().ok()).is_some());
-    assert!(pod["metadata"]["creationTimestamp"].as_str().is_some_and(|t| t.ends_with('Z')));
+    assert!(
+        pod["metadata"]["uid"]
+            .as_str()
+            .is_some_and(|u| u.len() == 36)
+    );
+    assert!(
+        pod["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some()
+    );
+    assert!(
+        pod["metadata"]["creationTimestamp"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z'))
+    );
 
     let secret = env.json(&["get", "secret", "creds", "-n", "team"]).await;
     assert_eq!(secret["data"]["password"], "aHVudGVyMg==");
@@ -269,7 +289,13 @@ async fn create_and_get() {
     assert_eq!(all["items"].as_array().map(Vec::len), Some(1));
 
     let names = env
-        .ok(&["get", "no,ns,deploy,rs,ds,pdb,cm,ev,lease", "-A", "-o", "name"])
+        .ok(&[
+            "get",
+            "no,ns,deploy,rs,ds,pdb,cm,ev,lease",
+            "-A",
+            "-o",
+            "name",
+        ])
         .await;
     for n in [
         "node/n1",
@@ -286,9 +312,16 @@ async fn create_and_get() {
     }
 
     let resources = env.ok(&["api-resources"]).await;
-    for (name, short) in [("pods", "po"), ("nodes", "no"), ("poddisruptionbudgets", "pdb"), ("daemonsets", "ds")] {
+    for (name, short) in [
+        ("pods", "po"),
+        ("nodes", "no"),
+        ("poddisruptionbudgets", "pdb"),
+        ("daemonsets", "ds"),
+    ] {
         assert!(
-            resources.lines().any(|l| l.starts_with(name) && l.split_whitespace().nth(1) == Some(short)),
+            resources
+                .lines()
+                .any(|l| l.starts_with(name) && l.split_whitespace().nth(1) == Some(short)),
             "{name}/{short} not in:\n{resources}"
         );
     }
@@ -304,7 +337,8 @@ async fn errors_read_like_the_apiserver() {
     let r = env.run(&["get", "pod", "nope"]).await;
     assert!(!r.ok);
     assert!(
-        r.stderr.contains(r#"Error from server (NotFound): pods "nope" not found"#),
+        r.stderr
+            .contains(r#"Error from server (NotFound): pods "nope" not found"#),
         "{}",
         r.stderr
     );
@@ -315,7 +349,8 @@ async fn errors_read_like_the_apiserver() {
     env.ok(&["create", "--validate=false", "-f", &pod]).await;
     let r = env.run(&["create", "--validate=false", "-f", &pod]).await;
     assert!(
-        r.stderr.contains("Error from server (AlreadyExists)") && r.stderr.contains(r#"pods "x" already exists"#),
+        r.stderr.contains("Error from server (AlreadyExists)")
+            && r.stderr.contains(r#"pods "x" already exists"#),
         "{}",
         r.stderr
     );
@@ -323,13 +358,19 @@ async fn errors_read_like_the_apiserver() {
         .run(&["create", "--validate=false", "-n", "ghost", "-f", &pod])
         .await;
     assert!(
-        r.stderr.contains(r#"Error from server (NotFound)"#) && r.stderr.contains(r#"namespaces "ghost" not found"#),
+        r.stderr.contains(r#"Error from server (NotFound)"#)
+            && r.stderr.contains(r#"namespaces "ghost" not found"#),
         "{}",
         r.stderr
     );
     let r = env.run(&["get", "widgets"]).await;
     assert!(!r.ok);
-    assert!(r.stderr.contains("the server doesn't have a resource type \"widgets\""), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("the server doesn't have a resource type \"widgets\""),
+        "{}",
+        r.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,29 +380,54 @@ async fn label_annotate_taint_patch_cordon() {
     emu.seed_node("n1").expect("node");
     let node = |emu: &EmulatorHandle| emu.get("nodes", None, "n1").expect("node exists");
 
-    assert_eq!(env.ok(&["label", "node", "n1", "tier=web"]).await.trim(), "node/n1 labeled");
-    assert_eq!(env.ok(&["annotate", "node", "n1", "owner=ops"]).await.trim(), "node/n1 annotated");
+    assert_eq!(
+        env.ok(&["label", "node", "n1", "tier=web"]).await.trim(),
+        "node/n1 labeled"
+    );
+    assert_eq!(
+        env.ok(&["annotate", "node", "n1", "owner=ops"])
+            .await
+            .trim(),
+        "node/n1 annotated"
+    );
     let n = node(emu);
     assert_eq!(n["metadata"]["labels"]["tier"], "web");
     assert_eq!(n["metadata"]["annotations"]["owner"], "ops");
-    env.ok(&["label", "node", "n1", "tier=db", "--overwrite"]).await;
+    env.ok(&["label", "node", "n1", "tier=db", "--overwrite"])
+        .await;
     env.ok(&["label", "node", "n1", "tier-"]).await;
     env.ok(&["annotate", "node", "n1", "owner-"]).await;
     let n = node(emu);
     assert!(n["metadata"]["labels"].get("tier").is_none());
-    assert!(n["metadata"].get("annotations").is_none_or(|a| a.get("owner").is_none()));
+    assert!(
+        n["metadata"]
+            .get("annotations")
+            .is_none_or(|a| a.get("owner").is_none())
+    );
 
     assert_eq!(
-        env.ok(&["taint", "node", "n1", "dedicated=db:NoSchedule"]).await.trim(),
+        env.ok(&["taint", "node", "n1", "dedicated=db:NoSchedule"])
+            .await
+            .trim(),
         "node/n1 tainted"
     );
     env.ok(&["taint", "node", "n1", "drain:NoExecute"]).await;
     let taints = node(emu)["spec"]["taints"].clone();
     assert_eq!(taints.as_array().map(Vec::len), Some(2), "{taints}");
-    assert!(taints.as_array().is_some_and(|t| t.iter().any(|t| t["key"] == "dedicated" && t["value"] == "db" && t["effect"] == "NoSchedule")));
-    let r = env.run(&["taint", "node", "n1", "dedicated=other:NoSchedule"]).await;
-    assert!(!r.ok, "kubectl refuses to overwrite a taint without --overwrite");
-    env.ok(&["taint", "node", "n1", "dedicated:NoSchedule-"]).await;
+    assert!(
+        taints.as_array().is_some_and(|t| t
+            .iter()
+            .any(|t| t["key"] == "dedicated" && t["value"] == "db" && t["effect"] == "NoSchedule"))
+    );
+    let r = env
+        .run(&["taint", "node", "n1", "dedicated=other:NoSchedule"])
+        .await;
+    assert!(
+        !r.ok,
+        "kubectl refuses to overwrite a taint without --overwrite"
+    );
+    env.ok(&["taint", "node", "n1", "dedicated:NoSchedule-"])
+        .await;
     let taints = node(emu)["spec"]["taints"].clone();
     assert_eq!(taints, json!([{"key": "drain", "effect": "NoExecute"}]));
     env.ok(&["taint", "node", "n1", "drain-"]).await;
@@ -369,26 +435,77 @@ async fn label_annotate_taint_patch_cordon() {
 
     assert_eq!(env.ok(&["cordon", "n1"]).await.trim(), "node/n1 cordoned");
     assert_eq!(node(emu)["spec"]["unschedulable"], true);
-    let listed = env.ok(&["get", "nodes", "--field-selector", "spec.unschedulable=true", "-o", "name"]).await;
+    let listed = env
+        .ok(&[
+            "get",
+            "nodes",
+            "--field-selector",
+            "spec.unschedulable=true",
+            "-o",
+            "name",
+        ])
+        .await;
     assert_eq!(listed.trim(), "node/n1");
-    assert_eq!(env.ok(&["cordon", "n1"]).await.trim(), "node/n1 already cordoned");
-    assert_eq!(env.ok(&["uncordon", "n1"]).await.trim(), "node/n1 uncordoned");
+    assert_eq!(
+        env.ok(&["cordon", "n1"]).await.trim(),
+        "node/n1 already cordoned"
+    );
+    assert_eq!(
+        env.ok(&["uncordon", "n1"]).await.trim(),
+        "node/n1 uncordoned"
+    );
     assert!(node(emu)["spec"].get("unschedulable").is_none());
 
-    env.ok(&["patch", "node", "n1", "--type", "merge", "-p", r#"{"metadata":{"labels":{"m":"1","kubernetes.io/os":null}}}"#]).await;
+    env.ok(&[
+        "patch",
+        "node",
+        "n1",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"metadata":{"labels":{"m":"1","kubernetes.io/os":null}}}"#,
+    ])
+    .await;
     env.ok(&["patch", "node", "n1", "--type", "json", "-p", r#"[{"op":"add","path":"/metadata/labels/j","value":"2"},{"op":"remove","path":"/metadata/labels/m"}]"#]).await;
     env.ok(&["patch", "node", "n1", "--type", "strategic", "-p", r#"{"spec":{"taints":[{"key":"s","effect":"NoSchedule"}]},"metadata":{"labels":{"s":"3"}}}"#]).await;
     let n = node(emu);
     let labels = &n["metadata"]["labels"];
-    assert_eq!((labels["j"].as_str(), labels["s"].as_str()), (Some("2"), Some("3")));
+    assert_eq!(
+        (labels["j"].as_str(), labels["s"].as_str()),
+        (Some("2"), Some("3"))
+    );
     assert!(labels.get("m").is_none() && labels.get("kubernetes.io/os").is_none());
-    assert_eq!(n["spec"]["taints"], json!([{"key": "s", "effect": "NoSchedule"}]));
+    assert_eq!(
+        n["spec"]["taints"],
+        json!([{"key": "s", "effect": "NoSchedule"}])
+    );
 
-    let r = env.run(&["patch", "node", "n1", "--type", "json", "-p", r#"[{"op":"remove","path":"/metadata/labels/absent"}]"#]).await;
+    let r = env
+        .run(&[
+            "patch",
+            "node",
+            "n1",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"remove","path":"/metadata/labels/absent"}]"#,
+        ])
+        .await;
     assert!(!r.ok, "removing a missing path fails");
 
     // A status patch through the subresource.
-    env.ok(&["patch", "node", "n1", "--subresource", "status", "--type", "merge", "-p", r#"{"status":{"phase":"Running"}}"#]).await;
+    env.ok(&[
+        "patch",
+        "node",
+        "n1",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"status":{"phase":"Running"}}"#,
+    ])
+    .await;
     assert_eq!(node(emu)["status"]["phase"], "Running");
 }
 
@@ -449,21 +566,35 @@ async fn get_watch_streams_events() {
     let emu = env.emu.clone();
     emu.seed_pod(PodSeed::new("default", "w1")).expect("pod");
     let mut child = env
-        .command(&["get", "pods", "--watch", "-o", "json", "--output-watch-events", "--request-timeout=60s"])
+        .command(&[
+            "get",
+            "pods",
+            "--watch",
+            "-o",
+            "json",
+            "--output-watch-events",
+            "--request-timeout=60s",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("kubectl starts");
     let stream = JsonStream::spawn(child.stdout.take().expect("stdout"));
-    stream.wait_for("ADDED w1", |e| has_event(e, "ADDED", "w1")).await;
+    stream
+        .wait_for("ADDED w1", |e| has_event(e, "ADDED", "w1"))
+        .await;
 
     emu.seed_pod(PodSeed::new("default", "w2")).expect("pod");
-    emu.modify("pods", Some("default"), "w1", |p| p["metadata"]["labels"] = json!({"x": "y"}))
-        .expect("labelled");
+    emu.modify("pods", Some("default"), "w1", |p| {
+        p["metadata"]["labels"] = json!({"x": "y"})
+    })
+    .expect("labelled");
     emu.delete("pods", Some("default"), "w2").expect("deleted");
     let events = stream
         .wait_for("ADDED w2, MODIFIED w1, DELETED w2", |e| {
-            has_event(e, "ADDED", "w2") && has_event(e, "MODIFIED", "w1") && has_event(e, "DELETED", "w2")
+            has_event(e, "ADDED", "w2")
+                && has_event(e, "MODIFIED", "w1")
+                && has_event(e, "DELETED", "w2")
         })
         .await;
     let modified = events
@@ -478,10 +609,14 @@ async fn get_watch_streams_events() {
     let e2 = emu.clone();
     let toucher = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(700)).await;
-        e2.modify("nodes", None, "n1", |n| n["spec"]["unschedulable"] = json!(true))
-            .expect("cordoned");
+        e2.modify("nodes", None, "n1", |n| {
+            n["spec"]["unschedulable"] = json!(true)
+        })
+        .expect("cordoned");
     });
-    let r = env.run(&["get", "nodes", "--watch", "--request-timeout=3s"]).await;
+    let r = env
+        .run(&["get", "nodes", "--watch", "--request-timeout=3s"])
+        .await;
     toucher.await.expect("toucher");
     assert!(r.stdout.contains("SchedulingDisabled"), "{}", r.all());
 }
@@ -494,7 +629,9 @@ async fn delete_honours_grace_and_finalizers() {
     emu.seed_pod(PodSeed::new("default", "graceful").node("n1").ready(true))
         .expect("pod");
     // kubectl waits for the pod to go; the kubelet stand-in removes it after the scaled grace.
-    let out = env.ok(&["delete", "pod", "graceful", "--timeout=30s"]).await;
+    let out = env
+        .ok(&["delete", "pod", "graceful", "--timeout=30s"])
+        .await;
     assert_eq!(out.trim(), r#"pod "graceful" deleted"#);
     assert!(emu.get("pods", Some("default"), "graceful").is_none());
 
@@ -506,15 +643,27 @@ async fn delete_honours_grace_and_finalizers() {
     assert!(r.ok, "{}", r.all());
     assert!(emu.get("pods", Some("default"), "forced").is_none());
 
-    emu.seed_pod(PodSeed::new("default", "held").node("n1").finalizer("example.com/hold"))
-        .expect("pod");
+    emu.seed_pod(
+        PodSeed::new("default", "held")
+            .node("n1")
+            .finalizer("example.com/hold"),
+    )
+    .expect("pod");
     env.ok(&["delete", "pod", "held", "--wait=false"]).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let held = env.json(&["get", "pod", "held"]).await;
     assert!(held["metadata"]["deletionTimestamp"].is_string());
     assert_eq!(held["metadata"]["deletionGracePeriodSeconds"], 0);
-    env.ok(&["patch", "pod", "held", "--type", "json", "-p", r#"[{"op":"remove","path":"/metadata/finalizers"}]"#])
-        .await;
+    env.ok(&[
+        "patch",
+        "pod",
+        "held",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+    ])
+    .await;
     assert!(emu.get("pods", Some("default"), "held").is_none());
 
     let out = env.ok(&["delete", "node", "n1"]).await;
@@ -548,19 +697,35 @@ async fn drain_honours_daemonsets_mirror_pods_and_budgets() {
     }
     emu.apply_yaml(DRAIN_SCENE).expect("scene");
     let pods = [
-        PodSeed::new("kube-system", "agent-n1").node("n1").owner("DaemonSet", "agent"),
+        PodSeed::new("kube-system", "agent-n1")
+            .node("n1")
+            .owner("DaemonSet", "agent"),
         PodSeed::new("kube-system", "etcd-n1").node("n1").mirror(),
-        PodSeed::new("default", "scratch").node("n1").owner("ReplicaSet", "batch").empty_dir(),
-        PodSeed::new("default", "plain").node("n1").owner("ReplicaSet", "web"),
-        PodSeed::new("default", "db-1").node("n1").owner("ReplicaSet", "db").label("app", "db"),
+        PodSeed::new("default", "scratch")
+            .node("n1")
+            .owner("ReplicaSet", "batch")
+            .empty_dir(),
+        PodSeed::new("default", "plain")
+            .node("n1")
+            .owner("ReplicaSet", "web"),
+        PodSeed::new("default", "db-1")
+            .node("n1")
+            .owner("ReplicaSet", "db")
+            .label("app", "db"),
     ];
     for p in pods {
         emu.seed_pod(p.ready(true)).expect("pod");
     }
     // The replacement exists on n2 but is not Ready yet, so the budget allows no disruption.
-    emu.seed_pod(PodSeed::new("default", "db-2").node("n2").owner("ReplicaSet", "db").label("app", "db"))
-        .expect("pod");
-    emu.set_pod_ready("default", "db-2", false).expect("unready");
+    emu.seed_pod(
+        PodSeed::new("default", "db-2")
+            .node("n2")
+            .owner("ReplicaSet", "db")
+            .label("app", "db"),
+    )
+    .expect("pod");
+    emu.set_pod_ready("default", "db-2", false)
+        .expect("unready");
     let pdb = emu.get("pdb", Some("default"), "db").expect("pdb");
     assert_eq!(pdb["status"]["disruptionsAllowed"], 0);
 
@@ -571,13 +736,22 @@ async fn drain_honours_daemonsets_mirror_pods_and_budgets() {
         e2.set_pod_ready("default", "db-2", true).expect("ready");
     });
     let r = env
-        .run(&["drain", "n1", "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=90s"])
+        .run(&[
+            "drain",
+            "n1",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=90s",
+        ])
         .await;
     replacement.await.expect("replacement");
     let out = r.all();
     assert!(r.ok, "drain failed:\n{out}");
     assert!(out.contains("node/n1 cordoned"), "{out}");
-    assert!(out.contains("kube-system/agent-n1"), "DaemonSet pod warned about:\n{out}");
+    assert!(
+        out.contains("kube-system/agent-n1"),
+        "DaemonSet pod warned about:\n{out}"
+    );
     assert!(
         out.contains("Cannot evict pod as it would violate the pod's disruption budget."),
         "{out}"
@@ -586,13 +760,22 @@ async fn drain_honours_daemonsets_mirror_pods_and_budgets() {
     assert!(out.contains("node/n1 drained"), "{out}");
 
     for gone in ["scratch", "plain", "db-1"] {
-        assert!(emu.get("pods", Some("default"), gone).is_none(), "{gone} still there");
+        assert!(
+            emu.get("pods", Some("default"), gone).is_none(),
+            "{gone} still there"
+        );
     }
     for stays in ["agent-n1", "etcd-n1"] {
-        assert!(emu.get("pods", Some("kube-system"), stays).is_some(), "{stays} was removed");
+        assert!(
+            emu.get("pods", Some("kube-system"), stays).is_some(),
+            "{stays} was removed"
+        );
     }
     assert!(emu.get("pods", Some("default"), "db-2").is_some());
-    assert_eq!(emu.get("nodes", None, "n1").expect("node")["spec"]["unschedulable"], true);
+    assert_eq!(
+        emu.get("nodes", None, "n1").expect("node")["spec"]["unschedulable"],
+        true
+    );
 
     // Once the budget had what it needed, evictions never took it below.
     let history = emu.pdb_history("default", "db");
@@ -601,7 +784,10 @@ async fn drain_honours_daemonsets_mirror_pods_and_budgets() {
         .position(|s| s.current_healthy >= s.desired_healthy)
         .expect("budget satisfied at some point");
     for s in &history[first_ok..] {
-        assert!(s.current_healthy >= s.desired_healthy, "budget violated: {history:#?}");
+        assert!(
+            s.current_healthy >= s.desired_healthy,
+            "budget violated: {history:#?}"
+        );
     }
     let blocked = emu
         .evictions()
@@ -611,13 +797,24 @@ async fn drain_honours_daemonsets_mirror_pods_and_budgets() {
     assert!(blocked >= 1);
 
     // A drain the budget never allows ends at kubectl's global timeout.
-    emu.seed_pod(PodSeed::new("default", "db-3").node("n2").owner("ReplicaSet", "db").label("app", "db").ready(true))
-        .expect("pod");
-    emu.set_pod_ready("default", "db-3", false).expect("unready");
+    emu.seed_pod(
+        PodSeed::new("default", "db-3")
+            .node("n2")
+            .owner("ReplicaSet", "db")
+            .label("app", "db")
+            .ready(true),
+    )
+    .expect("pod");
+    emu.set_pod_ready("default", "db-3", false)
+        .expect("unready");
     let r = env
         .run(&["drain", "n2", "--ignore-daemonsets", "--timeout=2s"])
         .await;
     assert!(!r.ok, "drain should time out:\n{}", r.all());
-    assert!(r.all().contains("global timeout reached: 2s"), "{}", r.all());
+    assert!(
+        r.all().contains("global timeout reached: 2s"),
+        "{}",
+        r.all()
+    );
     assert!(emu.get("pods", Some("default"), "db-2").is_some());
 }
