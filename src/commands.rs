@@ -7,7 +7,9 @@ use std::path::Path;
 use anyhow::Context;
 use clap::CommandFactory;
 
-use crate::cli::{Cli, Command, ConfigCommand, CordonArgs, DrainArgs, RenderArgs, UncordonArgs};
+use crate::cli::{
+    Cli, Command, ConfigCommand, CordonArgs, DrainArgs, RenderArgs, ScalerArgs, UncordonArgs,
+};
 use crate::render::values::{Inputs, TokenSource};
 use crate::secret::Secret;
 
@@ -43,7 +45,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Drain(args) => block_on(drain(cli.config.as_deref(), args)),
         Command::Cordon(args) => block_on(cordon(cli.config.as_deref(), args)),
         Command::Uncordon(args) => block_on(uncordon(cli.config.as_deref(), args)),
-        Command::Scaler => Err(NotAvailable("scaler").into()),
+        Command::Scaler(args) => block_on(scaler(cli.config.as_deref(), args)),
         Command::Status => Err(NotAvailable("status").into()),
     }
 }
@@ -256,5 +258,29 @@ async fn uncordon(config: Option<&Path>, args: UncordonArgs) -> anyhow::Result<u
             println!("node/{} was not cordoned", args.node)
         }
     }
+    Ok(EXIT_OK)
+}
+
+async fn scaler(config: Option<&Path>, args: ScalerArgs) -> anyhow::Result<u8> {
+    let (mut settings, _) = crate::config::load(config)?;
+    for spec in &args.nodes {
+        crate::scaler::apply_nodes_flag(&mut settings.scaler, spec)?;
+    }
+    let client = crate::kube_client::client(
+        args.kubeconfig
+            .as_deref()
+            .or(settings.scaler.kubeconfig.as_deref()),
+    )
+    .await?;
+    let provider = crate::scaler::provider_from_settings(
+        &settings.scaler,
+        std::env::var(crate::scaler::provider::cherry::TOKEN_ENV).ok(),
+    )?;
+    let opts = crate::scaler::run::RunOptions {
+        dry_run: args.dry_run,
+        identity: crate::scaler::identity(),
+    };
+    let scaler = crate::scaler::run::Scaler::new(client, provider, &settings, opts).await?;
+    scaler.run(crate::scaler::shutdown_signal()).await?;
     Ok(EXIT_OK)
 }

@@ -168,7 +168,7 @@ fn default_template() -> PathBuf {
 }
 
 /// A group's capacity template, as quantities.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Capacity {
     /// Parsed; `cpu`/`memory` left at 0 are filled from the provider's plan when it has one.
     pub resources: Resources,
@@ -176,6 +176,17 @@ pub struct Capacity {
 
 /// kubelet's default `maxPods`.
 const DEFAULT_MAX_PODS: i64 = 110;
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self {
+            resources: Resources {
+                pods: DEFAULT_MAX_PODS,
+                ..Resources::default()
+            },
+        }
+    }
+}
 
 impl<'de> Deserialize<'de> for Capacity {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -195,6 +195,15 @@ capacity = { cpu = "8", memory = "32Gi" }
     assert_eq!(g.capacity.resources.cpu_milli, 8000);
     assert_eq!(g.capacity.resources.pods, 110, "kubelet's default max pods");
     assert_eq!(g.taints[0].to_string(), "dedicated=web:NoSchedule");
+    let bare = parse(&[src(
+        "c.toml",
+        "[[scaler.groups]]\nname = \"gpu\"\nmax = 1\n",
+    )])
+    .expect("valid");
+    assert_eq!(
+        bare.scaler.groups[0].capacity.resources.pods, 110,
+        "a group without a capacity table still has pod slots"
+    );
 }
 
 #[test]

@@ -329,7 +329,9 @@ fn elapsed(now: Timestamp, since: Timestamp) -> std::time::Duration {
     d.try_into().unwrap_or_default()
 }
 
-fn backoff_for(failures: u32, s: &ScalerSettings) -> std::time::Duration {
+/// The back-off after `failures` consecutive failed machines: `backoff_initial` doubled per
+/// failure, capped at `backoff_max`.
+pub fn backoff_for(failures: u32, s: &ScalerSettings) -> std::time::Duration {
     let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(31));
     s.backoff_initial.saturating_mul(factor).min(s.backoff_max)
 }

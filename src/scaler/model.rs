@@ -192,7 +192,7 @@ pub struct Snapshot {
 }
 
 fn ts(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<Timestamp> {
-    t.0.to_string().parse().ok()
+    Some(t.0)
 }
 
 /// Converts a Node. `not_ready_in_time` is the set of nodes the agent reported.

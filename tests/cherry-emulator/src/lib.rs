@@ -7,6 +7,8 @@
 //! latency, read the servers and their (decoded-on-demand) user data, and see a request log that
 //! records whether a token was sent, never the token itself.
 
+pub mod machines;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -395,8 +397,8 @@ fn route(
     }
 }
 
-/// Standard base64 with padding, as the API expects for user_data.
-fn decode_base64(s: &str) -> Option<String> {
+/// Standard base64 with padding, as the API expects for user_data (also decodes Secret data).
+pub fn decode_base64(s: &str) -> Option<String> {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = Vec::with_capacity(s.len() * 3 / 4);
     let (mut buf, mut bits) = (0u32, 0u32);
