@@ -582,6 +582,10 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
                 .collect()
         })
         .collect();
+    // Pods that fewer groups can take are packed first, so a group does not fill up with pods
+    // that could have gone elsewhere and strand the ones that could not (then by size, FFD).
+    let mut order: Vec<usize> = (0..unplaced.len()).collect();
+    order.sort_by_key(|&pi| (fits_template.iter().filter(|f| f[pi]).count(), pi));
     let mut remaining: Vec<bool> = vec![true; unplaced.len()];
     let mut rng = SplitMix(fnv(
         &now.as_second().to_le_bytes(),
@@ -599,7 +603,8 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             let mut nodes: Vec<Resources> = Vec::new();
             let mut placed = Vec::new();
             let mut requested = Resources::default();
-            for (pi, p) in unplaced.iter().enumerate() {
+            for &pi in &order {
+                let p = unplaced[pi];
                 if !remaining[pi] || !fits_template[gi][pi] {
                     continue;
                 }

@@ -682,29 +682,22 @@ impl<P: Provider + 'static> Inner<P> {
             }
         };
         info!(group, count, token_id = %token.id, "scaling up");
-        let mut specs = Vec::new();
-        for _ in 0..count {
-            let values = match build_values(
+        // Each machine is rendered just before its create, so the first request leaves after
+        // one render rather than after the whole batch's.
+        let spec = |()| -> Result<CreateSpec> {
+            let values = build_values(
                 &self.values_path,
                 &self.values_text,
                 g,
                 &self.settings,
                 &token,
-            ) {
-                Ok(v) => v,
-                Err(e) => {
-                    error!(group, error = %e, "cannot build values");
-                    return 0;
-                }
-            };
-            let user_data = match crate::render::render(&template.name, &template.text, &values) {
-                Ok(u) => u,
-                Err(e) => {
-                    error!(group, error = %e, "cannot render the template");
-                    return 0;
-                }
-            };
-            specs.push(CreateSpec {
+            )?;
+            let user_data = crate::render::render(&template.name, &template.text, &values)
+                .map_err(|source| Error::Render {
+                    group: group.to_string(),
+                    source,
+                })?;
+            Ok(CreateSpec {
                 group: group.to_string(),
                 hostname: values.hostname.clone(),
                 plan: g.plan.clone(),
@@ -716,22 +709,41 @@ impl<P: Provider + 'static> Inner<P> {
                     (CLUSTER_TAG.to_string(), self.settings.cluster_name.clone()),
                     (POOL_TAG.to_string(), group.to_string()),
                 ]),
-            });
-        }
-        let results: Vec<(String, provider::Result<model::MachineView>)> =
-            futures::stream::iter(specs)
-                .map(|spec| async move {
+            })
+        };
+        let first_sent = Mutex::new(None::<Duration>);
+        let results: Vec<
+            std::result::Result<(String, provider::Result<model::MachineView>), Error>,
+        > = futures::stream::iter(std::iter::repeat_n((), count as usize))
+            .map(|()| {
+                let prepared = spec(());
+                let first_sent = &first_sent;
+                async move {
+                    let spec = prepared?;
+                    lock(first_sent).get_or_insert_with(|| started.elapsed());
                     let host = spec.hostname.clone();
-                    (host, self.provider.create(&spec).await)
-                })
-                .buffer_unordered(CREATE_CONCURRENCY)
-                .collect()
-                .await;
-        if first_create.is_none() {
-            *first_create = Some(started.elapsed());
+                    Ok((host, self.provider.create(&spec).await))
+                }
+            })
+            .buffer_unordered(CREATE_CONCURRENCY)
+            .collect()
+            .await;
+        if let Some(d) = *lock(&first_sent) {
+            first_create.get_or_insert(d);
         }
         let mut created = 0;
-        for (host, r) in results {
+        for result in results {
+            let (host, r) = match result {
+                Ok(pair) => pair,
+                Err(e) => {
+                    self.metrics
+                        .failures
+                        .get_or_create(&metrics::failure(group, "render"))
+                        .inc();
+                    error!(group, error = %e, "cannot prepare a machine");
+                    continue;
+                }
+            };
             match r {
                 Ok(m) => {
                     created += 1;

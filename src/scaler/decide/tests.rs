@@ -184,6 +184,22 @@ fn first_fit_decreasing_packs_tightly() {
 }
 
 #[test]
+fn constrained_pods_are_packed_before_flexible_ones() {
+    // "a" has room for one node; the pinned pod can only go there, the free one anywhere.
+    let s = settings(vec![group("a", 0, 1), group("b", 0, 1)]);
+    let mut snap = Snapshot::default();
+    snap.pods.push(pod("a-free", 4000, 1));
+    let mut pinned = pod("b-pinned", 4000, 1);
+    pinned
+        .node_selector
+        .insert(NODE_GROUP_LABEL.into(), "a".into());
+    snap.pods.push(pinned);
+    let a = decide(&snap, t0(), &s);
+    assert!(no_scale_up(&a).is_empty(), "{a:?}");
+    assert_eq!(scale_ups(&a).len(), 2);
+}
+
+#[test]
 fn booting_nodes_and_registering_machines_count_as_coming() {
     let s = settings(vec![group("web", 0, 10)]);
     // A booting node (startup taint) takes the pod: no new machine.
