@@ -604,3 +604,51 @@ template = "{template}"
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let env = env(|s| s.scaler.metrics_address = Some(([127, 0, 0, 1], port).into())).await;
+    let _sim = env.simulate(SimOptions::default());
+    let scaler = env.spawn("replica-a").await;
+    env.pod("load-0", "1");
+    wait_for("pod running", Duration::from_secs(20), || {
+        env.running_pods() == 1
+    })
+    .await;
+    let get = |path: &'static str| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        out
+    };
+    let wants = [
+        "nodeward_scaler_pending_pods 0",
+        "nodeward_scaler_group_nodes{group=\"web\"} 1",
+        "nodeward_scaler_scale_ups_total{group=\"web\"} 1",
+        "nodeward_scaler_decision_seconds_count",
+        "nodeward_scaler_leader 1",
+    ];
+    // The gauges follow the pass after the pod ran; give it a few passes.
+    let started = Instant::now();
+    let mut body = get("/metrics").await;
+    while !wants.iter().all(|w| body.contains(w)) && started.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        body = get("/metrics").await;
+    }
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    for want in wants {
+        assert!(body.contains(want), "{want} missing from:\n{body}");
+    }
+    assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
+    scaler.abort();
+}

@@ -117,6 +117,13 @@ pub enum Action {
         /// No scale-up before this.
         until: Timestamp,
     },
+    /// A scale-down deleted the machine but not yet the Node: delete the Node.
+    DeleteNode {
+        /// The group.
+        group: String,
+        /// The node.
+        node: String,
+    },
     /// A machine of the group became ready after its last failure: forget the back-off.
     ClearBackOff {
         /// The group.
@@ -777,6 +784,14 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             continue;
         };
         let Some(machine) = machine_by_host.get(n.name.as_str()).copied() else {
+            if n.scale_down_in_progress {
+                // Our scale-down deleted the machine; a failure before the Node's deletion
+                // left the Node behind.
+                actions.push(Action::DeleteNode {
+                    group: s.groups[gi].name.clone(),
+                    node: n.name.clone(),
+                });
+            }
             continue;
         };
         if repaired.contains(n.name.as_str()) {

@@ -514,6 +514,13 @@ impl<P: Provider + 'static> Inner<P> {
                 Action::ClearBackOff { group } => {
                     backoff.remove(group);
                 }
+                Action::DeleteNode { group, node } => {
+                    info!(
+                        group,
+                        node, "deleting the Node of a machine a scale-down removed"
+                    );
+                    self.delete_node(node).await;
+                }
                 Action::MarkUnneeded { node, since } => {
                     self.annotate(node, Some(since.to_string())).await
                 }
@@ -948,5 +955,8 @@ fn log_action(a: &Action, dry_run: bool) {
             warn!(dry_run, group, failures, %until, "decision: group backs off");
         }
         Action::ClearBackOff { group } => info!(dry_run, group, "decision: back-off cleared"),
+        Action::DeleteNode { group, node } => {
+            info!(dry_run, group, node, "decision: delete a left-behind Node")
+        }
     }
 }

@@ -893,6 +893,30 @@ fn scale_down_in_progress_is_resumed() {
 }
 
 #[test]
+fn a_node_left_behind_by_a_scale_down_is_deleted() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let mut snap = scale_down_snapshot();
+    snap.nodes[1].unschedulable = true;
+    snap.nodes[1].scale_down_in_progress = true;
+    snap.machines.retain(|m| m.hostname != "b");
+    let a = decide(&snap, t0(), &s);
+    assert!(
+        a.contains(&Action::DeleteNode {
+            group: "web".into(),
+            node: "b".into()
+        }),
+        "{a:?}"
+    );
+    // An admin's cordon on a node without a machine is left alone.
+    snap.nodes[1].scale_down_in_progress = false;
+    assert!(
+        !decide(&snap, t0(), &s)
+            .iter()
+            .any(|a| matches!(a, Action::DeleteNode { .. }))
+    );
+}
+
+#[test]
 fn unneeded_annotation_name_is_stable() {
     // Renaming it would make every running scaler forget its countdowns on upgrade.
     assert_eq!(UNNEEDED_SINCE, "nodeward.io/unneeded-since");
