@@ -262,6 +262,7 @@ async fn pending_pods_get_machines_then_idle_nodes_go() {
     })
     .await;
     assert_eq!(env.cherry.deleted().len(), 3);
+    assert!(env.event_reasons("Node").iter().any(|r| r == "ScaleDown"));
     scaler.abort();
 }
 

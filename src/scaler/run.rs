@@ -791,6 +791,14 @@ impl<P: Provider + 'static> Inner<P> {
 
     async fn scale_down(&self, group: &str, node: &str, machine: &str) {
         info!(group, node, machine, "scale-down: draining");
+        self.event(
+            &node_ref(node),
+            EventType::Normal,
+            "ScaleDown",
+            "ScaleDown",
+            format!("node unneeded: nodeward scaler drains it and deletes machine {machine} of group {group}"),
+        )
+        .await;
         let result = crate::drain::drain(&self.client, node, &self.drain).await;
         match result {
             Ok(r) if r.outcome == DrainOutcome::Drained => {
