@@ -653,3 +653,23 @@ async fn metrics_are_served() {
     assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
     scaler.abort();
 }
+
+#[test]
+fn nodes_flag_must_name_a_configured_group() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[[scaler.groups]]\nname = \"web\"\nmax = 3\n").expect("config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .arg("--config")
+        .arg(&config)
+        .args(["scaler", "--nodes", "1:2:gpu"])
+        .env_remove("NODEWARD_CONFIG")
+        .output()
+        .expect("run nodeward");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--nodes \"1:2:gpu\"") && err.contains("configured: web"),
+        "{err}"
+    );
+}
