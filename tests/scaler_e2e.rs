@@ -673,3 +673,42 @@ fn nodes_flag_must_name_a_configured_group() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_the_agent_reports_not_ready_in_time_is_replaced() {
+    let env = env(|s| s.scaler.max_provision_time = Duration::from_secs(60)).await;
+    let sim = env.simulate(SimOptions {
+        // The agent never removes the startup taint on these machines.
+        ready_after: Duration::from_secs(3600),
+        ..SimOptions::default()
+    });
+    let scaler = env.spawn("replica-a").await;
+    env.pod("load-0", "1");
+    wait_for("a node registered", Duration::from_secs(10), || {
+        !sim.report().booted.is_empty()
+    })
+    .await;
+    let node = sim.report().booted[0].clone();
+    env.kube
+        .create(json!({
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": format!("{node}.not-ready"), "namespace": "default"},
+            "eventTime": "2026-01-01T00:00:00.000000Z",
+            "reportingController": "nodeward", "reportingInstance": node,
+            "action": "Gate", "reason": "NodeNotReadyInTime", "type": "Warning",
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "note": "readiness gates did not pass within the deadline"
+        }))
+        .expect("event");
+    wait_for(
+        "the machine deleted long before max_provision_time",
+        Duration::from_secs(10),
+        || env.cherry.deleted().len() == 1,
+    )
+    .await;
+    wait_for("its Node deleted", Duration::from_secs(10), || {
+        env.kube.get("nodes", None, &node).is_none()
+    })
+    .await;
+    scaler.abort();
+}

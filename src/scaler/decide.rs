@@ -366,7 +366,7 @@ fn fnv(bytes: &[u8], mut h: u64) -> u64 {
 }
 
 /// One group's simulated scale-up.
-struct Option_ {
+struct Expansion {
     group: usize,
     nodes: u32,
     placed: Vec<usize>,
@@ -601,7 +601,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             .fold(0xCBF2_9CE4_8422_2325, |h, p| fnv(p.uid.as_bytes(), h)),
     ));
     loop {
-        let mut options: Vec<Option_> = Vec::new();
+        let mut options: Vec<Expansion> = Vec::new();
         for (gi, t) in templates.iter().enumerate() {
             let room = headroom(gi, &planned, &size);
             if room == 0 || backing_off[gi] {
@@ -635,7 +635,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             let waste = (1.0 - share(requested.cpu_milli, t.allocatable.cpu_milli * n) + 1.0
                 - share(requested.memory, t.allocatable.memory * n))
                 / 2.0;
-            options.push(Option_ {
+            options.push(Expansion {
                 group: gi,
                 nodes: nodes.len() as u32,
                 placed,
@@ -645,7 +645,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         if options.is_empty() {
             break;
         }
-        let least_waste = |a: &Option_, b: &Option_| {
+        let least_waste = |a: &Expansion, b: &Expansion| {
             a.waste
                 .total_cmp(&b.waste)
                 .then_with(|| b.placed.len().cmp(&a.placed.len()))

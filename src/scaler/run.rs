@@ -185,10 +185,16 @@ impl<P: Provider + 'static> Scaler<P> {
     ) -> Result<Self> {
         let mut s = settings.scaler.clone();
         let values_path = s.values.clone();
-        let values_text = std::fs::read_to_string(&values_path).map_err(|source| Error::Read {
-            path: values_path.clone(),
-            source,
-        })?;
+        // Without groups there is nothing to render, and no values file is needed.
+        let values_text = if s.groups.is_empty() {
+            warn!("no [[scaler.groups]] configured: the scaler will only watch");
+            String::new()
+        } else {
+            std::fs::read_to_string(&values_path).map_err(|source| Error::Read {
+                path: values_path.clone(),
+                source,
+            })?
+        };
         let mut templates = BTreeMap::new();
         let mut groups = std::mem::take(&mut s.groups);
         for g in &mut groups {
@@ -651,7 +657,6 @@ impl<P: Provider + 'static> Inner<P> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn scale_up(
         &self,
         group: &str,

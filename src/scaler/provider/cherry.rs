@@ -106,8 +106,20 @@ impl Cherry {
             config("scaler.cherry.project_id is not set: give the Cherry Servers project id".into())
         })?;
         let token = match &s.token_file {
-            Some(path) => std::fs::read_to_string(path)
-                .map_err(|e| config(format!("cannot read token file {}: {e}", path.display())))?,
+            Some(path) => {
+                use std::os::unix::fs::PermissionsExt;
+                if let Ok(meta) = std::fs::metadata(path)
+                    && meta.permissions().mode() & 0o077 != 0
+                {
+                    tracing::warn!(
+                        path = %path.display(),
+                        mode = format!("{:o}", meta.permissions().mode() & 0o777),
+                        "the Cherry Servers token file is readable by other users; chmod 600 it"
+                    );
+                }
+                std::fs::read_to_string(path)
+                    .map_err(|e| config(format!("cannot read token file {}: {e}", path.display())))?
+            }
             None => env_token.ok_or_else(|| {
                 config(format!(
                     "no API token: set scaler.cherry.token_file or the {TOKEN_ENV} environment variable"
