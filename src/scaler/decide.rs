@@ -422,6 +422,8 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         let reason = match node {
             None if age >= s.max_provision_time => Some(RepairReason::NeverRegistered),
             None => None,
+            // Never a control-plane or etcd host, nor a node an operator protected.
+            Some(n) if n.protected_role() || n.scale_down_disabled => None,
             Some(n) if n.booting() && (n.not_ready_in_time || age >= s.max_provision_time) => {
                 Some(RepairReason::NeverReady)
             }

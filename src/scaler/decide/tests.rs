@@ -864,6 +864,24 @@ fn repair_and_backoff() {
             ..
         }
     )));
+    for protect in [
+        |n: &mut NodeView| {
+            n.labels.insert(
+                "node-role.kubernetes.io/control-plane".into(),
+                String::new(),
+            );
+        },
+        |n: &mut NodeView| n.scale_down_disabled = true,
+    ] {
+        let mut protected = snap.clone();
+        protect(&mut protected.nodes[0]);
+        assert!(
+            !decide(&protected, at(60), &s)
+                .iter()
+                .any(|a| matches!(a, Action::Repair { .. })),
+            "control-plane and scale-down-disabled nodes are never deleted"
+        );
+    }
     assert!(!a.iter().any(|a| matches!(a, Action::BackOff { .. })));
 
     // A ready node created after the last failure clears the back-off.
