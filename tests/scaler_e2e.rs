@@ -712,3 +712,32 @@ async fn a_node_the_agent_reports_not_ready_in_time_is_replaced() {
     .await;
     scaler.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_shutdown_releases_the_lease() {
+    let env = env(|_| {}).await;
+    let s = env.scaler("replica-a", false).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        s.run(async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let holder = || {
+        env.kube
+            .get("leases", Some("kube-system"), "nodeward-scaler")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+    };
+    wait_for("leader", Duration::from_secs(10), || {
+        holder().as_deref() == Some("replica-a")
+    })
+    .await;
+    let _ = stop.send(());
+    task.await.expect("joins").expect("clean stop");
+    assert_eq!(
+        holder(),
+        None,
+        "the Lease is free for the next replica at once"
+    );
+}

@@ -183,6 +183,29 @@ impl Elector {
     }
 }
 
+impl Elector {
+    /// Gives the Lease up if we hold it (on shutdown), so a successor need not wait for it to
+    /// expire. A failure only means the successor waits; it is logged, not returned.
+    pub async fn release(&self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
+            return;
+        };
+        let spec = lease.spec.get_or_insert_default();
+        if spec.holder_identity.as_deref() != Some(self.me.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => info!(lease = %self.name, identity = %self.me, "released the leader Lease"),
+            Err(e) => warn!(lease = %self.name, error = %e, "cannot release the leader Lease"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

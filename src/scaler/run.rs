@@ -316,6 +316,16 @@ impl<P: Provider + 'static> Scaler<P> {
                 () = tokio::time::sleep_until(next) => {}
             }
         }
+        drop(_election);
+        Elector::new(
+            inner.client.clone(),
+            &s.namespace,
+            &s.lease_name,
+            &inner.opts.identity,
+            s.lease_duration,
+        )
+        .release()
+        .await;
         info!("scaler stopped");
         Ok(())
     }
