@@ -48,8 +48,11 @@ pub enum Command {
     Cordon(CordonArgs),
     /// Make NODE schedulable again, if nodeward cordoned it.
     Uncordon(UncordonArgs),
-    /// Run the central scaler.
-    Scaler,
+    /// Run the central scaler: node groups grow for pending pods and shrink when idle.
+    #[command(after_help = "Examples:\n  \
+        nodeward scaler --config /etc/nodeward/config.toml\n  \
+        nodeward scaler --nodes 1:10:web --nodes 0:4:gpu --dry-run --log-level debug")]
+    Scaler(ScalerArgs),
     /// Show what the agent on this node sees.
     Status,
     /// Validate or show the configuration.
@@ -116,6 +119,20 @@ pub struct DrainArgs {
     #[arg(long)]
     pub delete_emptydir_data: bool,
     /// Kubeconfig to use (default: node.kubeconfig, else KUBECONFIG / ~/.kube/config / in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// `nodeward scaler` arguments.
+#[derive(Debug, Args)]
+pub struct ScalerArgs {
+    /// Override a configured group's size limits, as cluster-autoscaler's --nodes: MIN:MAX:NAME (repeatable).
+    #[arg(long = "nodes", value_name = "MIN:MAX:NAME")]
+    pub nodes: Vec<String>,
+    /// Decide and log every action, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Kubeconfig to use (default: scaler.kubeconfig, else KUBECONFIG / ~/.kube/config / in-cluster).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
 }

@@ -7,7 +7,9 @@ use std::path::Path;
 use anyhow::Context;
 use clap::CommandFactory;
 
-use crate::cli::{Cli, Command, ConfigCommand, CordonArgs, DrainArgs, RenderArgs, UncordonArgs};
+use crate::cli::{
+    Cli, Command, ConfigCommand, CordonArgs, DrainArgs, RenderArgs, ScalerArgs, UncordonArgs,
+};
 use crate::render::values::{Inputs, TokenSource};
 use crate::secret::Secret;
 
@@ -15,18 +17,13 @@ use crate::secret::Secret;
 pub const EXIT_OK: u8 = 0;
 /// The operation failed (bad input, API error, ...).
 pub const EXIT_FAILURE: u8 = 1;
-/// Bad usage, or a subcommand this build does not provide yet.
+/// Bad usage (clap uses the same code), or logging could not be set up.
 pub const EXIT_USAGE: u8 = 2;
 /// `drain`: the deadline passed with pods still on the node.
 pub const EXIT_DEADLINE: u8 = 3;
 /// `drain`: every evictable pod left, but some pods were refused (unmanaged, emptyDir,
 /// annotated, or selected by several budgets) and are still there.
 pub const EXIT_REFUSED: u8 = 4;
-
-/// A subcommand whose issue has not landed; it does nothing rather than pretend.
-#[derive(Debug, thiserror::Error)]
-#[error("`nodeward {0}` is not available yet in this build")]
-pub struct NotAvailable(&'static str);
 
 /// Runs the parsed command line; returns the exit code.
 pub fn run(cli: Cli) -> anyhow::Result<u8> {
@@ -43,17 +40,8 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Drain(args) => block_on(drain(cli.config.as_deref(), args)),
         Command::Cordon(args) => block_on(cordon(cli.config.as_deref(), args)),
         Command::Uncordon(args) => block_on(uncordon(cli.config.as_deref(), args)),
-        Command::Scaler => Err(NotAvailable("scaler").into()),
         Command::Status => block_on(status(cli.config.as_deref())),
-    }
-}
-
-/// The exit code for an error.
-pub fn exit_code(e: &anyhow::Error) -> u8 {
-    if e.downcast_ref::<NotAvailable>().is_some() {
-        EXIT_USAGE
-    } else {
-        EXIT_FAILURE
+        Command::Scaler(args) => block_on(scaler(cli.config.as_deref(), args)),
     }
 }
 
@@ -375,5 +363,29 @@ async fn status(config: Option<&Path>) -> anyhow::Result<u8> {
         Ok(Err(e)) => println!("  node:        unreachable: {}", describe(&e)),
         Err(_) => println!("  node:        no answer within {STATUS_LIVE_TIMEOUT:?}"),
     }
+    Ok(EXIT_OK)
+}
+
+async fn scaler(config: Option<&Path>, args: ScalerArgs) -> anyhow::Result<u8> {
+    let (mut settings, _) = crate::config::load(config)?;
+    for spec in &args.nodes {
+        crate::scaler::apply_nodes_flag(&mut settings.scaler, spec)?;
+    }
+    let client = crate::kube_client::client(
+        args.kubeconfig
+            .as_deref()
+            .or(settings.scaler.kubeconfig.as_deref()),
+    )
+    .await?;
+    let provider = crate::scaler::provider_from_settings(
+        &settings.scaler,
+        std::env::var(crate::scaler::provider::cherry::TOKEN_ENV).ok(),
+    )?;
+    let opts = crate::scaler::run::RunOptions {
+        dry_run: args.dry_run,
+        identity: crate::scaler::identity(),
+    };
+    let scaler = crate::scaler::run::Scaler::new(client, provider, &settings, opts).await?;
+    scaler.run(crate::scaler::shutdown_signal()).await?;
     Ok(EXIT_OK)
 }

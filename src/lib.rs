@@ -14,6 +14,7 @@ pub mod kube_client;
 pub mod logging;
 pub mod logind;
 pub mod render;
+pub mod scaler;
 pub mod secret;
 pub mod tomlfile;
 pub mod validate;

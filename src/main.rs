@@ -15,7 +15,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("nodeward: {}", nodeward::commands::describe(&e));
-            ExitCode::from(nodeward::commands::exit_code(&e))
+            ExitCode::from(nodeward::commands::EXIT_FAILURE)
         }
     }
 }

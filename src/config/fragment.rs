@@ -5,6 +5,10 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::Settings;
+use super::scaler::{
+    Argv, BaseUrl, CherrySettings, ExecSettings, Expander, Groups, Label, ListenAddr, ProviderKind,
+    ScalerSettings, Share, TokenTtl,
+};
 use super::types::{ConfigDuration, NodeName, OnDeadline, Positive, ShutdownPolicy, Waves};
 use crate::gate::{ConditionGate, FileGate, HttpGate, PodGate};
 
@@ -39,6 +43,8 @@ pub(crate) struct Fragment {
     gates: Option<GatesFragment>,
     /// `[shutdown]`
     shutdown: Option<ShutdownFragment>,
+    /// `[scaler]`
+    scaler: Option<ScalerFragment>,
 }
 
 fragment!(
@@ -119,6 +125,153 @@ fragment!(
     }
 );
 
+fragment!(
+    /// `[scaler]`
+    ScalerFragment {
+        /// Cluster name.
+        cluster_name: Label,
+        /// Kubeconfig.
+        kubeconfig: PathBuf,
+        /// Provider.
+        provider: ProviderKind,
+        /// Pass interval.
+        scan_interval: ConfigDuration,
+        /// Expander.
+        expander: Expander,
+        /// Scale-down on/off.
+        scale_down_enabled: bool,
+        /// Utilisation threshold.
+        scale_down_utilization_threshold: Share,
+        /// Unneeded time.
+        scale_down_unneeded_time: ConfigDuration,
+        /// Empty nodes per pass.
+        max_empty_bulk_delete: Positive,
+        /// Provision timeout.
+        max_provision_time: ConfigDuration,
+        /// NotReady timeout.
+        unready_delete_time: ConfigDuration,
+        /// First back-off.
+        backoff_initial: ConfigDuration,
+        /// Longest back-off.
+        backoff_max: ConfigDuration,
+        /// Values file.
+        values: PathBuf,
+        /// Token lifetime.
+        token_ttl: TokenTtl,
+        /// Token groups.
+        token_extra_groups: Vec<String>,
+        /// Metrics address.
+        metrics_address: ListenAddr,
+        /// Lease and status namespace.
+        namespace: Label,
+        /// Lease name.
+        lease_name: Label,
+        /// Lease duration.
+        lease_duration: ConfigDuration,
+        /// `[scaler.cherry]`
+        cherry: CherryFragment,
+        /// `[scaler.exec]`
+        exec: ExecFragment,
+        /// `[[scaler.groups]]`, replaced whole.
+        groups: Groups,
+    }
+);
+
+fragment!(
+    /// `[scaler.cherry]`
+    CherryFragment {
+        /// Base URL.
+        api_url: BaseUrl,
+        /// Project.
+        project_id: u64,
+        /// Token file.
+        token_file: PathBuf,
+        /// Request timeout.
+        request_timeout: ConfigDuration,
+    }
+);
+
+fragment!(
+    /// `[scaler.exec]`
+    ExecFragment {
+        /// Create command.
+        create: Argv,
+        /// Delete command.
+        delete: Argv,
+        /// List command.
+        list: Argv,
+        /// Timeout.
+        timeout: ConfigDuration,
+    }
+);
+
+impl ScalerFragment {
+    /// Merges the nested tables key by key too (plain `merge` would replace them whole).
+    fn merge_nested(&mut self, mut later: Self) {
+        let cherry = later.cherry.take();
+        let exec = later.exec.take();
+        self.merge(later);
+        if let Some(c) = cherry {
+            self.cherry.get_or_insert_default().merge(c);
+        }
+        if let Some(e) = exec {
+            self.exec.get_or_insert_default().merge(e);
+        }
+    }
+
+    fn into_settings(self, d: ScalerSettings) -> ScalerSettings {
+        let cherry = self.cherry.unwrap_or_default();
+        let exec = self.exec.unwrap_or_default();
+        ScalerSettings {
+            cluster_name: self.cluster_name.map_or(d.cluster_name, |l| l.0),
+            kubeconfig: self.kubeconfig.or(d.kubeconfig),
+            provider: self.provider.unwrap_or(d.provider),
+            scan_interval: self.scan_interval.map_or(d.scan_interval, |t| t.0),
+            expander: self.expander.unwrap_or(d.expander),
+            scale_down_enabled: self.scale_down_enabled.unwrap_or(d.scale_down_enabled),
+            scale_down_utilization_threshold: self
+                .scale_down_utilization_threshold
+                .map_or(d.scale_down_utilization_threshold, |s| s.0),
+            scale_down_unneeded_time: self
+                .scale_down_unneeded_time
+                .map_or(d.scale_down_unneeded_time, |t| t.0),
+            max_empty_bulk_delete: self
+                .max_empty_bulk_delete
+                .map_or(d.max_empty_bulk_delete, |c| c.0),
+            max_provision_time: self
+                .max_provision_time
+                .map_or(d.max_provision_time, |t| t.0),
+            unready_delete_time: self
+                .unready_delete_time
+                .map_or(d.unready_delete_time, |t| t.0),
+            backoff_initial: self.backoff_initial.map_or(d.backoff_initial, |t| t.0),
+            backoff_max: self.backoff_max.map_or(d.backoff_max, |t| t.0),
+            values: self.values.unwrap_or(d.values),
+            token_ttl: self.token_ttl.map_or(d.token_ttl, |t| t.0),
+            token_extra_groups: self.token_extra_groups.unwrap_or(d.token_extra_groups),
+            metrics_address: self.metrics_address.map_or(d.metrics_address, |a| a.0),
+            namespace: self.namespace.map_or(d.namespace, |l| l.0),
+            lease_name: self.lease_name.map_or(d.lease_name, |l| l.0),
+            lease_duration: self.lease_duration.map_or(d.lease_duration, |t| t.0),
+            cherry: CherrySettings {
+                api_url: cherry.api_url.map_or(d.cherry.api_url, |u| u.0),
+                project_id: cherry.project_id.or(d.cherry.project_id),
+                token_file: cherry.token_file.or(d.cherry.token_file),
+                request_timeout: cherry
+                    .request_timeout
+                    .map_or(d.cherry.request_timeout, |t| t.0),
+            },
+            exec: ExecSettings {
+                create: exec.create.map_or(d.exec.create, |a| a.0),
+                delete: exec.delete.map_or(d.exec.delete, |a| a.0),
+                list: exec.list.map_or(d.exec.list, |a| a.0),
+                timeout: exec.timeout.map_or(d.exec.timeout, |t| t.0),
+            },
+            groups: self.groups.map_or(d.groups, |g| g.0),
+        }
+    }
+}
+
 impl Fragment {
     /// Merges a later fragment into this one, section by section.
     pub(crate) fn merge(&mut self, later: Fragment) {
@@ -137,6 +290,9 @@ impl Fragment {
         if let Some(b) = later.shutdown {
             self.shutdown.get_or_insert_default().merge(b);
         }
+        if let Some(b) = later.scaler {
+            self.scaler.get_or_insert_default().merge_nested(b);
+        }
     }
 
     /// Fills every unset key from [`Settings::default`].
@@ -147,6 +303,7 @@ impl Fragment {
         let agent = self.agent.unwrap_or_default();
         let gates = self.gates.unwrap_or_default();
         let shutdown = self.shutdown.unwrap_or_default();
+        let scaler = self.scaler.unwrap_or_default().into_settings(d.scaler);
         Settings {
             node: super::NodeSettings {
                 name: node.name.map(|n| n.0).or(d.node.name),
@@ -192,6 +349,7 @@ impl Fragment {
                     .map_or(d.shutdown.inhibit_delay_max, |t| t.0),
                 logind_dropin: shutdown.logind_dropin.unwrap_or(d.shutdown.logind_dropin),
             },
+            scaler,
         }
     }
 }

@@ -8,11 +8,15 @@
 //! `&str`, so tests never touch the filesystem or the environment.
 
 mod fragment;
+mod scaler;
 mod types;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use scaler::{
+    Capacity, CherrySettings, ExecSettings, Expander, GroupSettings, ProviderKind, ScalerSettings,
+};
 pub use types::{OnDeadline, ShutdownPolicy, Wave};
 
 /// Where the agent looks when neither `--config` nor `NODEWARD_CONFIG` is given.
@@ -60,6 +64,8 @@ pub struct Settings {
     pub gates: GateSettings,
     /// What the agent does when the machine shuts down.
     pub shutdown: ShutdownSettings,
+    /// The central scaler.
+    pub scaler: ScalerSettings,
 }
 
 /// `[agent]`: the node agent's own behaviour.
@@ -190,6 +196,7 @@ impl Default for Settings {
                 inhibit_delay_max: Duration::from_secs(120),
                 logind_dropin: PathBuf::from("/etc/systemd/logind.conf.d/90-nodeward.conf"),
             },
+            scaler: ScalerSettings::default(),
         }
     }
 }

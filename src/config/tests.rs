@@ -158,3 +158,98 @@ fn explicit_missing_file_is_an_error() {
         .to_string();
     assert!(msg.contains("/nonexistent/nodeward.toml"), "{msg}");
 }
+
+#[test]
+fn scaler_groups_and_nested_tables() {
+    let s = parse(&[
+        src(
+            "a.toml",
+            r#"
+[scaler]
+cluster_name = "prod"
+expander = "priority"
+[scaler.cherry]
+project_id = 42
+[[scaler.groups]]
+name = "web"
+min = 1
+max = 5
+labels = { "example.com/tier" = "frontend" }
+taints = ["dedicated=web:NoSchedule"]
+capacity = { cpu = "8", memory = "32Gi" }
+"#,
+        ),
+        src("b.toml", "[scaler.cherry]\nrequest_timeout = \"5s\"\n"),
+    ])
+    .expect("valid");
+    assert_eq!(s.scaler.cluster_name, "prod");
+    assert_eq!(s.scaler.expander, Expander::Priority);
+    assert_eq!(
+        s.scaler.cherry.project_id,
+        Some(42),
+        "kept across the drop-in"
+    );
+    assert_eq!(s.scaler.cherry.request_timeout, Duration::from_secs(5));
+    let g = &s.scaler.groups[0];
+    assert_eq!((g.name.as_str(), g.min, g.max), ("web", 1, 5));
+    assert_eq!(g.capacity.resources.cpu_milli, 8000);
+    assert_eq!(g.capacity.resources.pods, 110, "kubelet's default max pods");
+    assert_eq!(g.taints[0].to_string(), "dedicated=web:NoSchedule");
+    let bare = parse(&[src(
+        "c.toml",
+        "[[scaler.groups]]\nname = \"gpu\"\nmax = 1\n",
+    )])
+    .expect("valid");
+    assert_eq!(
+        bare.scaler.groups[0].capacity.resources.pods, 110,
+        "a group without a capacity table still has pod slots"
+    );
+}
+
+#[test]
+fn scaler_errors_name_the_key_and_form() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "[[scaler.groups]]\nname = \"web\"\nmin = 3\nmax = 2\n",
+            &["a.toml:1", "scaler.groups", "min 3 is above max 2"],
+        ),
+        (
+            "[[scaler.groups]]\nname = \"web\"\nmax = 2\n[[scaler.groups]]\nname = \"web\"\nmax = 2\n",
+            &["defined twice"],
+        ),
+        (
+            "[[scaler.groups]]\nname = \"Web\"\nmax = 2\n",
+            &["scaler.groups", "invalid name \"Web\""],
+        ),
+        (
+            "[[scaler.groups]]\nname = \"web\"\nmax = 2\ncapacity = { cpu = \"lots\" }\n",
+            &["invalid quantity \"lots\""],
+        ),
+        (
+            "[scaler]\ntoken_ttl = \"2h\"\n",
+            &["a.toml:2", "scaler.token_ttl", "at most 1h"],
+        ),
+        (
+            "[scaler]\nexpander = \"best\"\n",
+            &["scaler.expander", "least-waste"],
+        ),
+        (
+            "[scaler]\nscale_down_utilization_threshold = 1.5\n",
+            &["scaler.scale_down_utilization_threshold", "from 0 to 1"],
+        ),
+        (
+            "[scaler.exec]\ncreate = []\n",
+            &["scaler.exec.create", "as an array"],
+        ),
+        (
+            "[scaler]\nmetrics_address = \"8085\"\n",
+            &["scaler.metrics_address", "ip:port"],
+        ),
+    ];
+    for (text, wants) in cases {
+        let e = err(&[src("a.toml", text)]);
+        for w in *wants {
+            assert!(e.contains(w), "{text:?}: {e:?} lacks {w:?}");
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Scaler benchmark: decision time and pending-to-create latency at 1,000 nodes, 30,000 running
+//! pods and 3,000 pending pods across 10 node groups.
+//!
+//! Prints figures, asserts nothing about time (it depends on the machine):
+//! 1. `decide` alone on an in-memory snapshot (median of several runs);
+//! 2. one full pass against kube-emulator and cherry-emulator over HTTP: listing, deciding,
+//!    minting tokens, rendering cloud-init and creating machines; the time from the pass's start
+//!    to the first server existing at the provider is the pending-to-create latency.
+//!
+//! Run: `cargo bench --bench scaler` (`SCALER_BENCH_DECIDE_ONLY=1` skips the HTTP part). cluster-autoscaler's published scalability target at this
+//! size is 60 s from pending pod to scale-up decision.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cherry_emulator::{CherryEmulator, Options, PlanSpec};
+use kube_emulator::{Emulator, EmulatorOptions};
+use nodeward::config::{Capacity, GroupSettings, Settings};
+use nodeward::scaler::model::{MachineView, NodeView, PodView, Snapshot};
+use nodeward::scaler::resources::Resources;
+use nodeward::scaler::run::{RunOptions, Scaler};
+use serde_json::json;
+
+const NODES: usize = 1_000;
+const RUNNING: usize = 30_000;
+const PENDING: usize = 3_000;
+const GROUPS: usize = 10;
+const RUNS: usize = 7;
+const GROUP_LABEL: &str = "nodeward.io/node-group";
+
+fn group(i: usize) -> GroupSettings {
+    GroupSettings {
+        name: format!("pool-{i}"),
+        min: 0,
+        max: 200,
+        standby: 0,
+        priority: 0,
+        plan: "e5_1620v4".into(),
+        region: "eu_nord_1".into(),
+        image: "ubuntu_24_04".into(),
+        ssh_keys: Vec::new(),
+        labels: BTreeMap::new(),
+        taints: Vec::new(),
+        template: concat!(env!("CARGO_MANIFEST_DIR"), "/cloud-init/worker.yaml.tera").into(),
+        hostname_pattern: None,
+        capacity: Capacity {
+            resources: Resources {
+                cpu_milli: 4000,
+                memory: 16 << 30,
+                pods: 110,
+                ..Resources::default()
+            },
+        },
+    }
+}
+
+fn node_name(i: usize) -> String {
+    format!("pool-{}-node-{i:04}", i % GROUPS)
+}
+
+/// Running pods use 3.6 of 4 CPUs per node: busy enough that none is a scale-down candidate.
+fn running_cpu() -> i64 {
+    120
+}
+
+fn snapshot() -> Snapshot {
+    let t0: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().expect("time");
+    let mut snap = Snapshot::default();
+    for i in 0..NODES {
+        let name = node_name(i);
+        snap.nodes.push(NodeView {
+            name: name.clone(),
+            labels: BTreeMap::from([
+                ("kubernetes.io/hostname".to_string(), name.clone()),
+                (GROUP_LABEL.to_string(), format!("pool-{}", i % GROUPS)),
+            ]),
+            taints: Vec::new(),
+            unschedulable: false,
+            scale_down_in_progress: false,
+            ready: true,
+            ready_transition: Some(t0),
+            allocatable: Resources {
+                cpu_milli: 4000,
+                memory: 16 << 30,
+                pods: 110,
+                ..Resources::default()
+            },
+            created: Some(t0),
+            unneeded_since: None,
+            scale_down_disabled: false,
+            not_ready_in_time: false,
+        });
+        snap.machines.push(MachineView {
+            id: format!("{i}"),
+            hostname: name,
+            group: format!("pool-{}", i % GROUPS),
+            created: t0,
+        });
+    }
+    let pod = |name: String, node: Option<String>, cpu: i64, selector: Option<String>| PodView {
+        namespace: "default".into(),
+        uid: name.clone(),
+        name,
+        unschedulable: node.is_none(),
+        node,
+        requests: Resources {
+            cpu_milli: cpu,
+            memory: 256 << 20,
+            pods: 1,
+            ..Resources::default()
+        },
+        node_selector: selector
+            .map(|g| BTreeMap::from([(GROUP_LABEL.to_string(), g)]))
+            .unwrap_or_default(),
+        affinity_terms: Vec::new(),
+        tolerations: Vec::new(),
+        controller_kind: Some("ReplicaSet".into()),
+        mirror: false,
+        safe_to_evict: None,
+        local_storage: false,
+    };
+    for i in 0..RUNNING {
+        snap.pods.push(pod(
+            format!("run-{i}"),
+            Some(node_name(i % NODES)),
+            running_cpu(),
+            None,
+        ));
+    }
+    for i in 0..PENDING {
+        let selector = (i % 2 == 0).then(|| format!("pool-{}", i % GROUPS));
+        snap.pods
+            .push(pod(format!("pending-{i}"), None, 1000, selector));
+    }
+    snap
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn settings() -> Settings {
+    let mut s = Settings::default();
+    s.scaler.groups = (0..GROUPS).map(group).collect();
+    s
+}
+
+fn bench_decide() {
+    let snap = snapshot();
+    let s = settings();
+    let now: jiff::Timestamp = "2026-01-01T00:05:00Z".parse().expect("time");
+    let mut times = Vec::new();
+    let mut actions = Vec::new();
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        actions = nodeward::scaler::decide(&snap, now, &s.scaler);
+        times.push(t.elapsed());
+    }
+    let machines: u32 = actions
+        .iter()
+        .map(|a| match a {
+            nodeward::scaler::Action::ScaleUp { count, .. } => *count,
+            _ => 0,
+        })
+        .sum();
+    let refused: Vec<&String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            nodeward::scaler::Action::NoScaleUp { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    println!(
+        "decide: {NODES} nodes, {RUNNING} running pods, {PENDING} pending pods, {GROUPS} groups: median {:.1} ms over {RUNS} runs (min {:.1} ms, max {:.1} ms); {machines} machines planned, {} pods left without a scale-up",
+        median(times.clone()).as_secs_f64() * 1e3,
+        times
+            .iter()
+            .min()
+            .copied()
+            .unwrap_or_default()
+            .as_secs_f64()
+            * 1e3,
+        times
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or_default()
+            .as_secs_f64()
+            * 1e3,
+        refused.len(),
+    );
+}
+
+async fn bench_pass() {
+    let kube = Arc::new(
+        Emulator::start(EmulatorOptions::default())
+            .await
+            .expect("kube emulator"),
+    );
+    let cherry = Arc::new(
+        CherryEmulator::start(Options {
+            token: "bench-token".into(),
+            project_id: 1,
+            plans: vec![PlanSpec {
+                slug: "e5_1620v4".into(),
+                cores: 4,
+                memory_gb: 16,
+            }],
+        })
+        .await
+        .expect("cherry emulator"),
+    );
+    let seed = Instant::now();
+    for i in 0..NODES {
+        let name = node_name(i);
+        let mut n = kube_emulator::node_json(&name);
+        n["metadata"]["labels"][GROUP_LABEL] = json!(format!("pool-{}", i % GROUPS));
+        kube.create(n).expect("node");
+        cherry.insert_server(
+            &name,
+            json!({"k8s-cluster": "bench", "k8s-nodepool": format!("pool-{}", i % GROUPS)}),
+        );
+    }
+    let pod = |name: String, node: Option<String>, cpu: &str, selector: Option<String>| {
+        let mut p = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "1", "controller": true}]},
+            "spec": {"containers": [{"name": "c", "image": "pause",
+                "resources": {"requests": {"cpu": cpu, "memory": "256Mi"}}}]},
+        });
+        match node {
+            Some(n) => {
+                p["spec"]["nodeName"] = json!(n);
+                p["status"] = json!({"phase": "Running"});
+            }
+            None => {
+                p["status"] = json!({"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]});
+            }
+        }
+        if let Some(g) = selector {
+            p["spec"]["nodeSelector"] = json!({GROUP_LABEL: g});
+        }
+        p
+    };
+    for i in 0..RUNNING {
+        kube.create(pod(
+            format!("run-{i}"),
+            Some(node_name(i % NODES)),
+            "120m",
+            None,
+        ))
+        .expect("pod");
+    }
+    for i in 0..PENDING {
+        let selector = (i % 2 == 0).then(|| format!("pool-{}", i % GROUPS));
+        kube.create(pod(format!("pending-{i}"), None, "1", selector))
+            .expect("pod");
+    }
+    println!(
+        "seeded the emulators in {:.1} s",
+        seed.elapsed().as_secs_f64()
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let values = dir.path().join("values.toml");
+    std::fs::write(
+        &values,
+        "api_server_endpoint = \"10.0.0.10:6443\"\nca_cert_hashes = [\"sha256:8c3d1e4f0a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d\"]\nkubernetes_version = \"v1.31.2\"\npackage_url = \"https://downloads.example.com/nodeward/nodeward_0.1.0.{ext}\"\n",
+    )
+    .expect("values");
+    let mut s = settings();
+    s.scaler.cluster_name = "bench".into();
+    s.scaler.values = values;
+    s.scaler.cherry.api_url = cherry.url();
+    s.scaler.cherry.project_id = Some(1);
+    s.scaler.metrics_address = None;
+    let client = nodeward::kube_client::client(Some(kube.kubeconfig_path()))
+        .await
+        .expect("client");
+    let provider = nodeward::scaler::provider_from_settings(&s.scaler, Some("bench-token".into()))
+        .expect("provider");
+    let scaler = Scaler::new(
+        client,
+        provider,
+        &s,
+        RunOptions {
+            dry_run: false,
+            identity: "bench".into(),
+        },
+    )
+    .await
+    .expect("scaler");
+
+    let list_started = Instant::now();
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(
+        nodeward::kube_client::client(Some(kube.kubeconfig_path()))
+            .await
+            .expect("client"),
+    );
+    let n = pods
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .len();
+    println!(
+        "listing {n} pods over HTTP alone: {:.0} ms",
+        list_started.elapsed().as_secs_f64() * 1e3
+    );
+    let before = cherry.servers().len();
+    let started = Instant::now();
+    let watcher = {
+        let cherry = cherry.clone();
+        tokio::spawn(async move {
+            loop {
+                if cherry.servers().len() > before {
+                    return started.elapsed();
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    let actions = scaler.pass_once().await.expect("pass");
+    let pass = started.elapsed();
+    let first = watcher.await.expect("watcher");
+    let created = cherry.servers().len() - before;
+    let planned: u32 = actions
+        .iter()
+        .map(|a| match a {
+            nodeward::scaler::Action::ScaleUp { count, .. } => *count,
+            _ => 0,
+        })
+        .sum();
+    let metrics = scaler.metrics().render();
+    let decision = metrics
+        .lines()
+        .find(|l| l.starts_with("nodeward_scaler_decision_seconds_sum"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_default();
+    println!(
+        "one pass over HTTP (list 1,000 nodes + 33,000 pods + 1,000 machines, decide, mint, render, create): pending-to-first-create {:.0} ms; decide {:.1} ms; whole pass {:.1} s; {created} of {planned} planned machines created",
+        first.as_secs_f64() * 1e3,
+        decision * 1e3,
+        pass.as_secs_f64()
+    );
+    println!("reference: cluster-autoscaler's published target at this size is 60 s");
+}
+
+fn main() {
+    bench_decide();
+    if std::env::var_os("SCALER_BENCH_DECIDE_ONLY").is_some() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(bench_pass());
+}

@@ -1,0 +1,426 @@
+//! `[scaler]`, `[scaler.cherry]`, `[scaler.exec]` and `[[scaler.groups]]`: the central scaler's
+//! settings. Kept in its own file so the agent's sections and the scaler's grow apart.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+
+use super::types::ConfigDuration;
+use crate::scaler::resources::{self, Resources};
+use crate::validate::{self, Taint};
+
+/// Which cloud the scaler creates machines in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// Cherry Servers REST API v1.
+    Cherry,
+    /// Commands speaking JSON on stdin/stdout (any cloud CLI or on-prem tooling).
+    Exec,
+}
+
+/// How the scaler chooses among groups that could all take the pending pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Expander {
+    /// The group whose new nodes would be left with the least idle CPU and memory.
+    LeastWaste,
+    /// The group with the highest `priority`; ties go to least waste.
+    Priority,
+    /// A group chosen at random, seeded from the decision's input so a decision is repeatable.
+    Random,
+}
+
+/// `[scaler]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScalerSettings {
+    /// Cluster name: the `k8s-cluster` provider tag and `cluster_name` in templates.
+    pub cluster_name: String,
+    /// Kubeconfig; `None` means kube's inference (in-cluster service account when deployed).
+    pub kubeconfig: Option<PathBuf>,
+    /// Which provider.
+    pub provider: ProviderKind,
+    /// Time between reconcile passes.
+    pub scan_interval: Duration,
+    /// Group choice for scale-up.
+    pub expander: Expander,
+    /// Whether unneeded nodes are removed at all.
+    pub scale_down_enabled: bool,
+    /// A node whose requested CPU and memory are both below this share of allocatable may go.
+    pub scale_down_utilization_threshold: f64,
+    /// How long a node must stay unneeded before it is drained and deleted.
+    pub scale_down_unneeded_time: Duration,
+    /// Empty nodes removed in one pass at most.
+    pub max_empty_bulk_delete: u32,
+    /// A machine whose Node has not registered and become ready by then is deleted.
+    pub max_provision_time: Duration,
+    /// A node NotReady for this long is replaced.
+    pub unready_delete_time: Duration,
+    /// First back-off of a group after a failed machine; doubles per failure.
+    pub backoff_initial: Duration,
+    /// Longest back-off.
+    pub backoff_max: Duration,
+    /// Values file (the `nodeward render --values` format) every group's template is rendered
+    /// with: api_server_endpoint, ca_cert_hashes, kubernetes_version, package_url, extra.
+    pub values: PathBuf,
+    /// Lifetime of each bootstrap token minted for a scale-up.
+    pub token_ttl: Duration,
+    /// `auth-extra-groups` of minted tokens.
+    pub token_extra_groups: Vec<String>,
+    /// Where `/metrics` is served; `None` turns the endpoint off.
+    pub metrics_address: Option<SocketAddr>,
+    /// Namespace of the leader-election Lease and the status ConfigMap.
+    pub namespace: String,
+    /// Name of the leader-election Lease.
+    pub lease_name: String,
+    /// How long a leader's Lease stays valid without renewal.
+    pub lease_duration: Duration,
+    /// `[scaler.cherry]`.
+    pub cherry: CherrySettings,
+    /// `[scaler.exec]`.
+    pub exec: ExecSettings,
+    /// `[[scaler.groups]]`.
+    pub groups: Vec<GroupSettings>,
+}
+
+/// `[scaler.cherry]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CherrySettings {
+    /// API base URL, ending in `/`.
+    pub api_url: String,
+    /// The project the servers live in.
+    pub project_id: Option<u64>,
+    /// File holding the API token; else `CHERRY_AUTH_TOKEN` is read.
+    pub token_file: Option<PathBuf>,
+    /// Per-request timeout.
+    pub request_timeout: Duration,
+}
+
+/// `[scaler.exec]`: argv of each command (no shell).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecSettings {
+    /// Creates one machine.
+    pub create: Vec<String>,
+    /// Deletes one machine.
+    pub delete: Vec<String>,
+    /// Lists the cluster's machines.
+    pub list: Vec<String>,
+    /// A command still running after this is killed and counts as failed.
+    pub timeout: Duration,
+}
+
+/// One node group.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSettings {
+    /// Name: the `k8s-nodepool` tag and the `nodeward.io/node-group` label value.
+    #[serde(deserialize_with = "dns_label")]
+    pub name: String,
+    /// Fewest nodes.
+    #[serde(default)]
+    pub min: u32,
+    /// Most nodes, counting machines still being created.
+    pub max: u32,
+    /// Empty ready nodes kept waiting for work.
+    #[serde(default)]
+    pub standby: u32,
+    /// For the `priority` expander; higher wins.
+    #[serde(default)]
+    pub priority: i32,
+    /// Provider plan (machine type).
+    #[serde(default)]
+    pub plan: String,
+    /// Provider region.
+    #[serde(default)]
+    pub region: String,
+    /// OS image.
+    #[serde(default)]
+    pub image: String,
+    /// SSH key ids installed on new machines.
+    #[serde(default)]
+    pub ssh_keys: Vec<String>,
+    /// Labels new nodes register with (the group label is always added).
+    #[serde(default, deserialize_with = "labels")]
+    pub labels: BTreeMap<String, String>,
+    /// Taints new nodes register with, besides the startup taint.
+    #[serde(default, deserialize_with = "taints")]
+    pub taints: Vec<Taint>,
+    /// The cloud-init tera template.
+    #[serde(default = "default_template")]
+    pub template: PathBuf,
+    /// Hostname pattern (tera, with cluster_name, node_group, rand8); the Node name.
+    #[serde(default)]
+    pub hostname_pattern: Option<String>,
+    /// What one new node offers, used while the group has no node to copy it from.
+    #[serde(default)]
+    pub capacity: Capacity,
+}
+
+/// Where the worker template is installed by the package.
+pub const DEFAULT_TEMPLATE: &str = "/etc/nodeward/worker.yaml.tera";
+
+fn default_template() -> PathBuf {
+    PathBuf::from(DEFAULT_TEMPLATE)
+}
+
+/// A group's capacity template, as quantities.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capacity {
+    /// Parsed; `cpu`/`memory` left at 0 are filled from the provider's plan when it has one.
+    pub resources: Resources,
+}
+
+/// kubelet's default `maxPods`.
+const DEFAULT_MAX_PODS: i64 = 110;
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self {
+            resources: Resources {
+                pods: DEFAULT_MAX_PODS,
+                ..Resources::default()
+            },
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Capacity {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = BTreeMap::<String, String>::deserialize(d)?;
+        for (k, v) in &raw {
+            if resources::parse_milli(v).is_none() {
+                return Err(de::Error::custom(format!(
+                    "capacity `{k}`: invalid quantity {v:?}: expected {}",
+                    resources::QUANTITY_FORM
+                )));
+            }
+        }
+        let mut resources =
+            Resources::from_quantities(raw.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        if !raw.contains_key("pods") {
+            resources.pods = DEFAULT_MAX_PODS;
+        }
+        Ok(Self { resources })
+    }
+}
+
+fn dns_label<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    validate::dns_label(&s)
+        .map(|()| s.clone())
+        .map_err(|form| de::Error::custom(format!("invalid name {s:?}: expected {form}")))
+}
+
+fn labels<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    let m = BTreeMap::<String, String>::deserialize(d)?;
+    for (k, v) in &m {
+        validate::label_key(k)
+            .map_err(|form| de::Error::custom(format!("label key {k:?}: expected {form}")))?;
+        validate::label_value(v)
+            .map_err(|form| de::Error::custom(format!("label {k} value {v:?}: expected {form}")))?;
+    }
+    Ok(m)
+}
+
+fn taints<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Taint>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .into_iter()
+        .map(|s| {
+            s.parse::<Taint>()
+                .map_err(|form| de::Error::custom(format!("taint {s:?}: expected {form}")))
+        })
+        .collect()
+}
+
+/// The group list, validated as a whole.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Groups(pub(crate) Vec<GroupSettings>);
+
+impl<'de> Deserialize<'de> for Groups {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let groups = Vec::<GroupSettings>::deserialize(d)?;
+        let mut seen = BTreeSet::new();
+        for g in &groups {
+            if !seen.insert(g.name.as_str()) {
+                return Err(de::Error::custom(format!(
+                    "group {:?} is defined twice: names must be unique",
+                    g.name
+                )));
+            }
+            if g.min > g.max {
+                return Err(de::Error::custom(format!(
+                    "group {:?}: min {} is above max {}: expected min <= max",
+                    g.name, g.min, g.max
+                )));
+            }
+            if g.standby > g.max {
+                return Err(de::Error::custom(format!(
+                    "group {:?}: standby {} is above max {}: expected standby <= max",
+                    g.name, g.standby, g.max
+                )));
+            }
+        }
+        Ok(Groups(groups))
+    }
+}
+
+/// A share in [0, 1].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Share(pub(crate) f64);
+
+impl<'de> Deserialize<'de> for Share {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if (0.0..=1.0).contains(&v) {
+            Ok(Share(v))
+        } else {
+            Err(de::Error::custom(format!(
+                "{v} is out of range: expected a number from 0 to 1"
+            )))
+        }
+    }
+}
+
+/// kube-apiserver refuses nothing longer, but a bootstrap token is a join credential: the issue
+/// caps its lifetime at an hour so a leaked user-data blob is useless soon after.
+const MAX_TOKEN_TTL: Duration = Duration::from_secs(3600);
+
+/// A token lifetime, at most an hour.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct TokenTtl(pub(crate) Duration);
+
+impl<'de> Deserialize<'de> for TokenTtl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let ConfigDuration(t) = ConfigDuration::deserialize(d)?;
+        if t.is_zero() || t > MAX_TOKEN_TTL {
+            return Err(de::Error::custom(format!(
+                "token lifetime {} is out of range: expected more than 0s and at most 1h",
+                humantime::format_duration(t)
+            )));
+        }
+        Ok(TokenTtl(t))
+    }
+}
+
+/// `host:port` to listen on, or `""` for off.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ListenAddr(pub(crate) Option<SocketAddr>);
+
+impl<'de> Deserialize<'de> for ListenAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.is_empty() {
+            return Ok(ListenAddr(None));
+        }
+        s.parse().map(|a| ListenAddr(Some(a))).map_err(|_| {
+            de::Error::custom(format!(
+                "invalid address {s:?}: expected ip:port such as \"0.0.0.0:8085\", or \"\" for off"
+            ))
+        })
+    }
+}
+
+/// A non-empty argv.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Argv(pub(crate) Vec<String>);
+
+impl<'de> Deserialize<'de> for Argv {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Vec::<String>::deserialize(d)?;
+        if v.first().is_none_or(String::is_empty) {
+            return Err(de::Error::custom(
+                "expected a command as an array: [\"/usr/local/bin/my-cloud\", \"create\"]",
+            ));
+        }
+        Ok(Argv(v))
+    }
+}
+
+/// A DNS label value (cluster name).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Label(pub(crate) String);
+
+impl<'de> Deserialize<'de> for Label {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        dns_label(d).map(Label)
+    }
+}
+
+/// Checks a URL looks like an http(s) base URL; adds the trailing slash joins rely on.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BaseUrl(pub(crate) String);
+
+impl<'de> Deserialize<'de> for BaseUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if !(s.starts_with("https://") || s.starts_with("http://"))
+            || s.contains(char::is_whitespace)
+        {
+            return Err(de::Error::custom(format!(
+                "invalid URL {s:?}: expected an http(s) URL such as \"https://api.cherryservers.com/v1/\""
+            )));
+        }
+        Ok(BaseUrl(if s.ends_with('/') { s } else { format!("{s}/") }))
+    }
+}
+
+impl Default for ScalerSettings {
+    fn default() -> Self {
+        Self {
+            cluster_name: "kubernetes".into(),
+            kubeconfig: None,
+            provider: ProviderKind::Cherry,
+            // cluster-autoscaler's default scan interval: fast enough that a pending pod waits
+            // seconds, slow enough that listing 30,000 pods stays a small load on the apiserver.
+            scan_interval: Duration::from_secs(10),
+            expander: Expander::LeastWaste,
+            scale_down_enabled: true,
+            // cluster-autoscaler's default --scale-down-utilization-threshold.
+            scale_down_utilization_threshold: 0.5,
+            // cluster-autoscaler's default --scale-down-unneeded-time: long enough that a
+            // lull between batch jobs does not cost a machine's boot time.
+            scale_down_unneeded_time: Duration::from_secs(600),
+            // cluster-autoscaler's default --max-empty-bulk-delete.
+            max_empty_bulk_delete: 10,
+            // The flight-controller document's figure: a machine that has not registered in
+            // 10 minutes will not.
+            max_provision_time: Duration::from_secs(600),
+            // cluster-autoscaler's default --scale-down-unready-time.
+            unready_delete_time: Duration::from_secs(1200),
+            // cluster-autoscaler's initial node-group back-off.
+            backoff_initial: Duration::from_secs(300),
+            // cluster-autoscaler's maximum node-group back-off.
+            backoff_max: Duration::from_secs(1800),
+            values: PathBuf::from("/etc/nodeward/scaler-values.toml"),
+            // The cap: long enough for a slow bare-metal boot, short enough to limit a leak.
+            token_ttl: MAX_TOKEN_TTL,
+            token_extra_groups: vec!["system:bootstrappers:kubeadm:default-node-token".into()],
+            // cluster-autoscaler's metrics port.
+            metrics_address: Some(SocketAddr::from(([0, 0, 0, 0], 8085))),
+            namespace: "kube-system".into(),
+            lease_name: "nodeward-scaler".into(),
+            // client-go leader election's default lease duration.
+            lease_duration: Duration::from_secs(15),
+            cherry: CherrySettings {
+                api_url: "https://api.cherryservers.com/v1/".into(),
+                project_id: None,
+                token_file: None,
+                // A create answers within seconds; a minute covers a slow API without hanging
+                // a pass forever.
+                request_timeout: Duration::from_secs(60),
+            },
+            exec: ExecSettings {
+                create: Vec::new(),
+                delete: Vec::new(),
+                list: Vec::new(),
+                // Cloud CLIs that wait for a machine to be accepted take tens of seconds.
+                timeout: Duration::from_secs(300),
+            },
+            groups: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,959 @@
+//! The pure decision: snapshot and `now` in, actions out. No clock, no I/O, no randomness that
+//! does not come from the input — the same snapshot always gives the same actions, which is what
+//! makes the safety rules (never above max, never below min, never a control-plane host, never a
+//! pod stranded against its budget) testable as tables.
+//!
+//! Scale-up packs unschedulable pods first-fit-decreasing: onto free room on schedulable nodes,
+//! onto nodes still booting (the startup taint means "coming", not "unschedulable"), onto machines
+//! created but not yet registered, and only then onto new nodes of a group, chosen by the
+//! expander. Scale-down simulates moving every pod of an under-used node onto the other nodes;
+//! the node is removed only after it stayed unneeded for `scale_down_unneeded_time`, a time kept
+//! in the node's annotation so a restarted scaler picks up where the last one stopped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use jiff::{SignedDuration, Timestamp};
+
+use super::model::{Backoff, MachineView, NodeView, PodView, Requirement, Snapshot, TaintView};
+use super::resources::Resources;
+use crate::config::{Expander, GroupSettings, ScalerSettings};
+use crate::render::values::NODE_GROUP_LABEL;
+
+/// Why a group grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleUpReason {
+    /// Pending pods fit nowhere else.
+    PendingPods,
+    /// The group is below its `min`.
+    BelowMin,
+    /// Fewer empty nodes than `standby`.
+    Standby,
+}
+
+/// Why a machine is deleted without a drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepairReason {
+    /// No Node registered within `max_provision_time`.
+    NeverRegistered,
+    /// The Node still had the startup taint after `max_provision_time`, or the agent reported
+    /// `NodeNotReadyInTime`.
+    NeverReady,
+    /// The Node was NotReady for `unready_delete_time`.
+    Unready,
+}
+
+impl fmt::Display for RepairReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NeverRegistered => "no Node registered within max_provision_time",
+            Self::NeverReady => "the Node did not become ready within max_provision_time",
+            Self::Unready => "the Node was NotReady for unready_delete_time",
+        })
+    }
+}
+
+/// One thing the executor does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Create `count` machines in `group`.
+    ScaleUp {
+        /// The group.
+        group: String,
+        /// How many machines.
+        count: u32,
+        /// Why.
+        reason: ScaleUpReason,
+        /// `namespace/name` of the pending pods the new machines are for.
+        pods: Vec<String>,
+    },
+    /// A pending pod for which no machine is created.
+    NoScaleUp {
+        /// `namespace/name`.
+        pod: String,
+        /// Why, for the `NotTriggerScaleUp` event.
+        reason: String,
+    },
+    /// Record that a node became unneeded now.
+    MarkUnneeded {
+        /// The node.
+        node: String,
+        /// The time to record.
+        since: Timestamp,
+    },
+    /// The node is needed again; remove its unneeded-since record.
+    ClearUnneeded {
+        /// The node.
+        node: String,
+    },
+    /// Cordon and drain the node, then delete its machine and the Node.
+    ScaleDown {
+        /// The group.
+        group: String,
+        /// The node.
+        node: String,
+        /// Its machine.
+        machine: String,
+        /// Whether it has no pods to move (daemon pods aside).
+        empty: bool,
+    },
+    /// Delete a broken machine (and its Node, if any) without draining.
+    Repair {
+        /// The group.
+        group: String,
+        /// Its machine.
+        machine: String,
+        /// The Node, if one registered.
+        node: Option<String>,
+        /// Why.
+        reason: RepairReason,
+    },
+    /// Record failed machines: the group backs off until `until`.
+    BackOff {
+        /// The group.
+        group: String,
+        /// New consecutive failure count.
+        failures: u32,
+        /// No scale-up before this.
+        until: Timestamp,
+    },
+    /// A scale-down deleted the machine but not yet the Node: delete the Node.
+    DeleteNode {
+        /// The group.
+        group: String,
+        /// The node.
+        node: String,
+    },
+    /// A machine of the group became ready after its last failure: forget the back-off.
+    ClearBackOff {
+        /// The group.
+        group: String,
+    },
+}
+
+/// One group's membership, as the provider and the Nodes tell it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GroupState {
+    /// Members: machines, plus labelled Nodes without a machine.
+    pub size: u32,
+    /// Ready nodes without the startup taint.
+    pub ready: u32,
+    /// Nodes with the startup taint.
+    pub booting: u32,
+    /// Machines without a Node yet.
+    pub registering: u32,
+    /// Back-off in force at `now`.
+    pub backing_off: bool,
+}
+
+/// Per-group membership at `now`.
+pub fn group_states(
+    snap: &Snapshot,
+    now: Timestamp,
+    s: &ScalerSettings,
+) -> BTreeMap<String, GroupState> {
+    let by_name: HashMap<&str, &NodeView> =
+        snap.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let mut out: BTreeMap<String, GroupState> = s
+        .groups
+        .iter()
+        .map(|g| {
+            let backing_off = snap
+                .backoff
+                .get(&g.name)
+                .and_then(|b| b.until)
+                .is_some_and(|u| u > now);
+            (
+                g.name.clone(),
+                GroupState {
+                    backing_off,
+                    ..GroupState::default()
+                },
+            )
+        })
+        .collect();
+    let mut machine_hosts = std::collections::HashSet::new();
+    for m in &snap.machines {
+        machine_hosts.insert(m.hostname.as_str());
+        let Some(st) = out.get_mut(&m.group) else {
+            continue;
+        };
+        st.size += 1;
+        match by_name.get(m.hostname.as_str()) {
+            None => st.registering += 1,
+            Some(n) if n.booting() => st.booting += 1,
+            Some(n) if n.ready => st.ready += 1,
+            Some(_) => {}
+        }
+    }
+    for n in &snap.nodes {
+        if machine_hosts.contains(n.name.as_str()) {
+            continue;
+        }
+        let Some(st) = n.group().and_then(|g| out.get_mut(g)) else {
+            continue;
+        };
+        st.size += 1;
+        if n.booting() {
+            st.booting += 1;
+        } else if n.ready {
+            st.ready += 1;
+        }
+    }
+    out
+}
+
+/// Whether the pod's node selector and required node affinity accept a node with these labels
+/// (and this name, for `matchFields`).
+pub fn selects(pod: &PodView, labels: &BTreeMap<String, String>, name: &str) -> bool {
+    pod.node_selector
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
+        && (pod.affinity_terms.is_empty()
+            || pod
+                .affinity_terms
+                .iter()
+                .any(|term| term.iter().all(|r| requirement_matches(r, labels, name))))
+}
+
+fn requirement_matches(r: &Requirement, labels: &BTreeMap<String, String>, name: &str) -> bool {
+    let value = if r.field {
+        (r.key == "metadata.name" && !name.is_empty()).then_some(name)
+    } else {
+        labels.get(&r.key).map(String::as_str)
+    };
+    let int = |s: &str| s.parse::<i64>().ok();
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| r.values.iter().any(|x| x == v)),
+        "NotIn" => value.is_none_or(|v| !r.values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" => {
+            matches!((value.and_then(int), r.values.first().and_then(|x| int(x))), (Some(v), Some(x)) if v > x)
+        }
+        "Lt" => {
+            matches!((value.and_then(int), r.values.first().and_then(|x| int(x))), (Some(v), Some(x)) if v < x)
+        }
+        _ => false,
+    }
+}
+
+/// Whether the pod tolerates every NoSchedule/NoExecute taint.
+pub fn tolerates(pod: &PodView, taints: &[TaintView]) -> bool {
+    taints
+        .iter()
+        .filter(|t| t.effect != "PreferNoSchedule")
+        .all(|t| {
+            pod.tolerations.iter().any(|tol| {
+                (tol.effect.is_empty() || tol.effect == t.effect)
+                    && if tol.key.is_empty() {
+                        tol.operator == "Exists"
+                    } else {
+                        tol.key == t.key && (tol.operator == "Exists" || tol.value == t.value)
+                    }
+            })
+        })
+}
+
+/// Where a pod could go during packing.
+#[derive(Debug, Clone)]
+struct Bin<'a> {
+    name: &'a str,
+    labels: &'a BTreeMap<String, String>,
+    taints: &'a [TaintView],
+    free: Resources,
+    /// A pending pod was placed here in this decision.
+    claimed: bool,
+}
+
+/// What one new node of a group looks like.
+#[derive(Debug, Clone)]
+struct Template {
+    labels: BTreeMap<String, String>,
+    taints: Vec<TaintView>,
+    allocatable: Resources,
+    /// Allocatable less the DaemonSet pods every node runs.
+    free: Resources,
+}
+
+fn template(
+    g: &GroupSettings,
+    snap: &Snapshot,
+    pods_on: &HashMap<&str, Vec<&PodView>>,
+) -> Template {
+    let mut labels = BTreeMap::from([
+        ("kubernetes.io/os".to_string(), "linux".to_string()),
+        ("kubernetes.io/arch".to_string(), "amd64".to_string()),
+    ]);
+    if !g.plan.is_empty() {
+        labels.insert("node.kubernetes.io/instance-type".into(), g.plan.clone());
+    }
+    if !g.region.is_empty() {
+        labels.insert("topology.kubernetes.io/region".into(), g.region.clone());
+    }
+    let sample = snap
+        .nodes
+        .iter()
+        .filter(|n| n.group() == Some(g.name.as_str()) && n.ready && !n.booting())
+        .min_by(|a, b| a.name.cmp(&b.name));
+    let mut allocatable = g.capacity.resources.clone();
+    let mut overhead = Resources::default();
+    if let Some(n) = sample {
+        for (k, v) in &n.labels {
+            if k != "kubernetes.io/hostname" {
+                labels.insert(k.clone(), v.clone());
+            }
+        }
+        allocatable = n.allocatable.clone();
+        for p in pods_on.get(n.name.as_str()).into_iter().flatten() {
+            if p.daemon() {
+                overhead.add(&p.requests);
+            }
+        }
+    }
+    labels.extend(g.labels.clone());
+    labels.insert(NODE_GROUP_LABEL.into(), g.name.clone());
+    let mut free = allocatable.clone();
+    free.sub(&overhead);
+    Template {
+        labels,
+        taints: g
+            .taints
+            .iter()
+            .map(|t| TaintView {
+                key: t.key.clone(),
+                value: t.value.clone().unwrap_or_default(),
+                effect: t.effect.to_string(),
+            })
+            .collect(),
+        allocatable,
+        free,
+    }
+}
+
+fn elapsed(now: Timestamp, since: Timestamp) -> std::time::Duration {
+    let d: SignedDuration = now.duration_since(since);
+    d.try_into().unwrap_or_default()
+}
+
+/// The back-off after `failures` consecutive failed machines: `backoff_initial` doubled per
+/// failure, capped at `backoff_max`.
+pub fn backoff_for(failures: u32, s: &ScalerSettings) -> std::time::Duration {
+    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(31));
+    s.backoff_initial.saturating_mul(factor).min(s.backoff_max)
+}
+
+/// A small deterministic generator (splitmix64) for the random expander, seeded from the input.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// FNV-1a, for the seed.
+fn fnv(bytes: &[u8], mut h: u64) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01B3);
+    }
+    h
+}
+
+/// One group's simulated scale-up.
+struct Expansion {
+    group: usize,
+    nodes: u32,
+    placed: Vec<usize>,
+    waste: f64,
+}
+
+fn share(used: i64, total: i64) -> f64 {
+    if total <= 0 {
+        0.0
+    } else {
+        (used as f64 / total as f64).clamp(0.0, 1.0)
+    }
+}
+
+/// Decides what to do. See the module documentation.
+pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action> {
+    let mut actions = Vec::new();
+    let states = group_states(snap, now, s);
+    let groups: HashMap<&str, usize> = s
+        .groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| (g.name.as_str(), i))
+        .collect();
+    let node_by_name: HashMap<&str, &NodeView> =
+        snap.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let machine_by_host: HashMap<&str, &MachineView> = snap
+        .machines
+        .iter()
+        .map(|m| (m.hostname.as_str(), m))
+        .collect();
+    let mut pods_on: HashMap<&str, Vec<&PodView>> = HashMap::new();
+    for p in &snap.pods {
+        if let Some(n) = &p.node {
+            pods_on.entry(n.as_str()).or_default().push(p);
+        }
+    }
+    let mut size: Vec<u32> = s
+        .groups
+        .iter()
+        .map(|g| states.get(&g.name).map_or(0, |st| st.size))
+        .collect();
+
+    // --- Repair: machines that never became nodes, nodes that never became ready or stopped being.
+    let mut repaired: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut failures: BTreeMap<&str, u32> = BTreeMap::new();
+    for m in &snap.machines {
+        let Some(&gi) = groups.get(m.group.as_str()) else {
+            continue;
+        };
+        let node = node_by_name.get(m.hostname.as_str());
+        let age = elapsed(now, m.created);
+        let reason = match node {
+            None if age >= s.max_provision_time => Some(RepairReason::NeverRegistered),
+            None => None,
+            // Never a control-plane or etcd host, nor a node an operator protected.
+            Some(n) if n.protected_role() || n.scale_down_disabled => None,
+            Some(n) if n.booting() && (n.not_ready_in_time || age >= s.max_provision_time) => {
+                Some(RepairReason::NeverReady)
+            }
+            Some(n) if !n.booting() && !n.ready => {
+                let since = n.ready_transition.or(n.created).unwrap_or(m.created);
+                (elapsed(now, since) >= s.unready_delete_time).then_some(RepairReason::Unready)
+            }
+            Some(_) => None,
+        };
+        if let Some(reason) = reason {
+            repaired.insert(m.hostname.as_str());
+            size[gi] = size[gi].saturating_sub(1);
+            if reason != RepairReason::Unready {
+                *failures.entry(m.group.as_str()).or_default() += 1;
+            }
+            actions.push(Action::Repair {
+                group: m.group.clone(),
+                machine: m.id.clone(),
+                node: node.map(|n| n.name.clone()),
+                reason,
+            });
+        }
+    }
+    let mut backing_off: Vec<bool> = s
+        .groups
+        .iter()
+        .map(|g| states.get(&g.name).is_some_and(|st| st.backing_off))
+        .collect();
+    for (group, n) in &failures {
+        let prev = snap.backoff.get(*group).copied().unwrap_or_default();
+        let total = prev.failures.saturating_add(*n);
+        let until = now
+            .checked_add(
+                SignedDuration::try_from(backoff_for(total, s)).unwrap_or(SignedDuration::MAX),
+            )
+            .unwrap_or(Timestamp::MAX);
+        if let Some(&gi) = groups.get(group) {
+            backing_off[gi] = true;
+        }
+        actions.push(Action::BackOff {
+            group: group.to_string(),
+            failures: total,
+            until,
+        });
+    }
+    for (group, b) in &snap.backoff {
+        let Backoff {
+            failures: f,
+            last_failure,
+            ..
+        } = *b;
+        if f == 0 || failures.contains_key(group.as_str()) {
+            continue;
+        }
+        let recovered = snap.nodes.iter().any(|n| {
+            n.group() == Some(group.as_str())
+                && n.ready
+                && !n.booting()
+                && match (n.created, last_failure) {
+                    (Some(c), Some(l)) => c > l,
+                    _ => true,
+                }
+        });
+        if recovered {
+            actions.push(Action::ClearBackOff {
+                group: group.clone(),
+            });
+        }
+    }
+
+    // --- Scale-up: where pending pods can go.
+    let templates: Vec<Template> = s
+        .groups
+        .iter()
+        .map(|g| template(g, snap, &pods_on))
+        .collect();
+    let mut bins: Vec<Bin<'_>> = Vec::new();
+    let mut bin_group: Vec<Option<usize>> = Vec::new();
+    for n in &snap.nodes {
+        if repaired.contains(n.name.as_str()) || n.scale_down_in_progress {
+            continue;
+        }
+        let usable = (n.ready && !n.unschedulable) || n.booting();
+        if !usable {
+            continue;
+        }
+        let mut free = n.allocatable.clone();
+        for p in pods_on.get(n.name.as_str()).into_iter().flatten() {
+            free.sub(&p.requests);
+        }
+        bins.push(Bin {
+            name: &n.name,
+            labels: &n.labels,
+            // The startup taint is how a booting node says "coming": not counted against pods.
+            taints: &n.taints,
+            free,
+            claimed: false,
+        });
+        bin_group.push(n.group().and_then(|g| groups.get(g).copied()));
+    }
+    let startup_free: Vec<Vec<TaintView>> = bins
+        .iter()
+        .map(|b| {
+            b.taints
+                .iter()
+                .filter(|t| t.key != crate::render::values::STARTUP_TAINT_KEY)
+                .cloned()
+                .collect()
+        })
+        .collect();
+    for m in &snap.machines {
+        let Some(&gi) = groups.get(m.group.as_str()) else {
+            continue;
+        };
+        if node_by_name.contains_key(m.hostname.as_str()) || repaired.contains(m.hostname.as_str())
+        {
+            continue;
+        }
+        let t = &templates[gi];
+        bins.push(Bin {
+            name: "",
+            labels: &t.labels,
+            taints: &t.taints,
+            free: t.free.clone(),
+            claimed: false,
+        });
+        bin_group.push(Some(gi));
+    }
+    let mut pending: Vec<&PodView> = snap.pods.iter().filter(|p| p.unschedulable).collect();
+    pending.sort_by(|a, b| {
+        (b.requests.cpu_milli, b.requests.memory)
+            .cmp(&(a.requests.cpu_milli, a.requests.memory))
+            .then_with(|| a.key().cmp(&b.key()))
+    });
+    let mut unplaced: Vec<&PodView> = Vec::new();
+    for p in &pending {
+        let mut placed = false;
+        for (i, b) in bins.iter_mut().enumerate() {
+            let taints: &[TaintView] = startup_free.get(i).map_or(b.taints, Vec::as_slice);
+            if b.free.fits(&p.requests) && selects(p, b.labels, b.name) && tolerates(p, taints) {
+                b.free.sub(&p.requests);
+                b.claimed = true;
+                placed = true;
+                break;
+            }
+        }
+        if !placed {
+            unplaced.push(p);
+        }
+    }
+
+    let mut planned: Vec<u32> = vec![0; s.groups.len()];
+    let headroom = |gi: usize, planned: &[u32], size: &[u32]| {
+        s.groups[gi].max.saturating_sub(size[gi] + planned[gi])
+    };
+    // Which pods each group's template can ever take (selector, affinity, taints, size).
+    let fits_template: Vec<Vec<bool>> = templates
+        .iter()
+        .map(|t| {
+            unplaced
+                .iter()
+                .map(|p| {
+                    t.free.fits(&p.requests) && selects(p, &t.labels, "") && tolerates(p, &t.taints)
+                })
+                .collect()
+        })
+        .collect();
+    // Pods that fewer groups can take are packed first, so a group does not fill up with pods
+    // that could have gone elsewhere and strand the ones that could not (then by size, FFD).
+    let mut order: Vec<usize> = (0..unplaced.len()).collect();
+    order.sort_by_key(|&pi| (fits_template.iter().filter(|f| f[pi]).count(), pi));
+    let mut remaining: Vec<bool> = vec![true; unplaced.len()];
+    let mut rng = SplitMix(fnv(
+        &now.as_second().to_le_bytes(),
+        unplaced
+            .iter()
+            .fold(0xCBF2_9CE4_8422_2325, |h, p| fnv(p.uid.as_bytes(), h)),
+    ));
+    loop {
+        let mut options: Vec<Expansion> = Vec::new();
+        for (gi, t) in templates.iter().enumerate() {
+            let room = headroom(gi, &planned, &size);
+            if room == 0 || backing_off[gi] {
+                continue;
+            }
+            let mut nodes: Vec<Resources> = Vec::new();
+            let mut placed = Vec::new();
+            let mut requested = Resources::default();
+            for &pi in &order {
+                let p = unplaced[pi];
+                if !remaining[pi] || !fits_template[gi][pi] {
+                    continue;
+                }
+                let open = nodes.len() as u32;
+                match nodes.iter_mut().find(|f| f.fits(&p.requests)) {
+                    Some(f) => f.sub(&p.requests),
+                    None if open < room => {
+                        let mut f = t.free.clone();
+                        f.sub(&p.requests);
+                        nodes.push(f);
+                    }
+                    None => continue,
+                }
+                requested.add(&p.requests);
+                placed.push(pi);
+            }
+            if placed.is_empty() {
+                continue;
+            }
+            let n = nodes.len() as i64;
+            let waste = (1.0 - share(requested.cpu_milli, t.allocatable.cpu_milli * n) + 1.0
+                - share(requested.memory, t.allocatable.memory * n))
+                / 2.0;
+            options.push(Expansion {
+                group: gi,
+                nodes: nodes.len() as u32,
+                placed,
+                waste,
+            });
+        }
+        if options.is_empty() {
+            break;
+        }
+        let least_waste = |a: &Expansion, b: &Expansion| {
+            a.waste
+                .total_cmp(&b.waste)
+                .then_with(|| b.placed.len().cmp(&a.placed.len()))
+                .then_with(|| a.nodes.cmp(&b.nodes))
+                .then_with(|| s.groups[a.group].name.cmp(&s.groups[b.group].name))
+        };
+        let chosen = match s.expander {
+            Expander::LeastWaste => options.iter().min_by(|a, b| least_waste(a, b)),
+            Expander::Priority => options.iter().min_by(|a, b| {
+                s.groups[b.group]
+                    .priority
+                    .cmp(&s.groups[a.group].priority)
+                    .then_with(|| least_waste(a, b))
+            }),
+            Expander::Random => {
+                let i = (rng.next() % options.len() as u64) as usize;
+                options.get(i)
+            }
+        };
+        let Some(o) = chosen else { break };
+        planned[o.group] += o.nodes;
+        for &pi in &o.placed {
+            remaining[pi] = false;
+        }
+        actions.push(Action::ScaleUp {
+            group: s.groups[o.group].name.clone(),
+            count: o.nodes,
+            reason: ScaleUpReason::PendingPods,
+            pods: o.placed.iter().map(|&pi| unplaced[pi].key()).collect(),
+        });
+    }
+    for (pi, p) in unplaced.iter().enumerate() {
+        if !remaining[pi] {
+            continue;
+        }
+        let mut why = Vec::new();
+        for (gi, g) in s.groups.iter().enumerate() {
+            let t = &templates[gi];
+            let reason = if !selects(p, &t.labels, "") {
+                "node selector or affinity does not match"
+            } else if !tolerates(p, &t.taints) {
+                "does not tolerate the group's taints"
+            } else if !t.free.fits(&p.requests) {
+                "requests more than a new node offers"
+            } else if backing_off[gi] {
+                "backing off after failed machines"
+            } else if headroom(gi, &planned, &size) == 0 {
+                "at max size"
+            } else {
+                "no room left in this pass"
+            };
+            why.push(format!("{}: {reason}", g.name));
+        }
+        let reason = if why.is_empty() {
+            "no node groups are configured".to_string()
+        } else {
+            format!("no node group can take it ({})", why.join("; "))
+        };
+        actions.push(Action::NoScaleUp {
+            pod: p.key(),
+            reason,
+        });
+    }
+
+    // --- min and standby.
+    let empty = |n: &NodeView| {
+        pods_on
+            .get(n.name.as_str())
+            .is_none_or(|ps| ps.iter().all(|p| p.daemon()))
+    };
+    let mut standby_nodes: Vec<u32> = vec![0; s.groups.len()];
+    for (i, b) in bins.iter().enumerate() {
+        let Some(gi) = bin_group[i] else { continue };
+        if b.claimed {
+            continue;
+        }
+        // A machine still registering, a booting node or an empty schedulable node all count.
+        let available = b.name.is_empty()
+            || node_by_name
+                .get(b.name)
+                .is_some_and(|n| !n.unschedulable && empty(n));
+        if available {
+            standby_nodes[gi] += 1;
+        }
+    }
+    for (gi, g) in s.groups.iter().enumerate() {
+        if backing_off[gi] {
+            continue;
+        }
+        let total = size[gi] + planned[gi];
+        let (want, reason) = if total < g.min {
+            (g.min - total, ScaleUpReason::BelowMin)
+        } else if standby_nodes[gi] < g.standby {
+            (g.standby - standby_nodes[gi], ScaleUpReason::Standby)
+        } else {
+            continue;
+        };
+        let count = want.min(headroom(gi, &planned, &size));
+        if count > 0 {
+            planned[gi] += count;
+            actions.push(Action::ScaleUp {
+                group: g.name.clone(),
+                count,
+                reason,
+                pods: Vec::new(),
+            });
+        }
+    }
+
+    // --- Scale-down.
+    if !s.scale_down_enabled {
+        return actions;
+    }
+    let scaling_up = planned.iter().any(|&p| p > 0);
+    let mut free_after: HashMap<&str, Resources> = HashMap::new();
+    let mut claimed_nodes: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for b in &bins {
+        if !b.name.is_empty() {
+            free_after.insert(b.name, b.free.clone());
+            if b.claimed {
+                claimed_nodes.insert(b.name);
+            }
+        }
+    }
+    struct Candidate<'a> {
+        node: &'a NodeView,
+        group: usize,
+        machine: &'a MachineView,
+        utilisation: f64,
+        movable: Vec<&'a PodView>,
+    }
+    let mut candidates: Vec<Candidate<'_>> = Vec::new();
+    let mut needed: Vec<&NodeView> = Vec::new();
+    for n in &snap.nodes {
+        let Some(&gi) = n.group().and_then(|g| groups.get(g)) else {
+            continue;
+        };
+        let Some(machine) = machine_by_host.get(n.name.as_str()).copied() else {
+            if n.scale_down_in_progress {
+                // Our scale-down deleted the machine; a failure before the Node's deletion
+                // left the Node behind.
+                actions.push(Action::DeleteNode {
+                    group: s.groups[gi].name.clone(),
+                    node: n.name.clone(),
+                });
+            }
+            continue;
+        };
+        if repaired.contains(n.name.as_str()) {
+            continue;
+        }
+        if n.scale_down_in_progress {
+            // A scale-down a previous pass (or scaler) started: finish it (drain is idempotent).
+            actions.push(Action::ScaleDown {
+                group: s.groups[gi].name.clone(),
+                node: n.name.clone(),
+                machine: machine.id.clone(),
+                empty: empty(n),
+            });
+            size[gi] = size[gi].saturating_sub(1);
+            continue;
+        }
+        let claimed = claimed_nodes.contains(n.name.as_str());
+        if !n.ready
+            || n.booting()
+            || n.unschedulable
+            || n.protected_role()
+            || n.scale_down_disabled
+            || claimed
+        {
+            needed.push(n);
+            continue;
+        }
+        let pods = pods_on
+            .get(n.name.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let blocked = pods.iter().any(|p| {
+            !p.daemon()
+                && (p.safe_to_evict == Some(false)
+                    || p.controller_kind.is_none()
+                    || (p.local_storage && p.safe_to_evict != Some(true)))
+        });
+        let mut used = Resources::default();
+        let movable: Vec<&PodView> = pods.iter().filter(|p| !p.daemon()).copied().collect();
+        for p in &movable {
+            used.add(&p.requests);
+        }
+        let utilisation = share(used.cpu_milli, n.allocatable.cpu_milli)
+            .max(share(used.memory, n.allocatable.memory));
+        if blocked || utilisation >= s.scale_down_utilization_threshold {
+            needed.push(n);
+            continue;
+        }
+        candidates.push(Candidate {
+            node: n,
+            group: gi,
+            machine,
+            utilisation,
+            movable,
+        });
+    }
+    candidates.sort_by(|a, b| {
+        a.utilisation
+            .total_cmp(&b.utilisation)
+            .then_with(|| a.node.name.cmp(&b.node.name))
+    });
+    let mut removed: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut unneeded: Vec<&Candidate<'_>> = Vec::new();
+    for c in &candidates {
+        removed.insert(c.node.name.as_str());
+        let mut overlay: HashMap<&str, Resources> = HashMap::new();
+        let mut ok = true;
+        let mut pods = c.movable.clone();
+        pods.sort_by(|a, b| {
+            (b.requests.cpu_milli, b.requests.memory)
+                .cmp(&(a.requests.cpu_milli, a.requests.memory))
+        });
+        for p in pods {
+            let target = bins.iter().enumerate().find_map(|(i, b)| {
+                if b.name.is_empty() || removed.contains(b.name) {
+                    return None;
+                }
+                let n = node_by_name.get(b.name)?;
+                if !n.ready || n.booting() || n.unschedulable {
+                    return None;
+                }
+                let free = overlay.get(b.name).or_else(|| free_after.get(b.name))?;
+                (free.fits(&p.requests)
+                    && selects(p, b.labels, b.name)
+                    && tolerates(p, &startup_free[i]))
+                .then(|| (b.name, free.clone()))
+            });
+            match target {
+                Some((name, mut free)) => {
+                    free.sub(&p.requests);
+                    overlay.insert(name, free);
+                }
+                None => {
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        if ok {
+            free_after.extend(overlay);
+            unneeded.push(c);
+        } else {
+            removed.remove(c.node.name.as_str());
+            needed.push(c.node);
+        }
+    }
+    // Standby: keep that many empty nodes per group out of the unneeded set.
+    let mut keep: Vec<u32> = s.groups.iter().map(|g| g.standby).collect();
+    let mut empties_removed = 0u32;
+    let mut busy_removed = 0u32;
+    for c in unneeded {
+        let is_empty = c.movable.is_empty();
+        if is_empty && keep[c.group] > 0 {
+            keep[c.group] -= 1;
+            needed.push(c.node);
+            continue;
+        }
+        let Some(since) = c.node.unneeded_since else {
+            actions.push(Action::MarkUnneeded {
+                node: c.node.name.clone(),
+                since: now,
+            });
+            continue;
+        };
+        if scaling_up || elapsed(now, since) < s.scale_down_unneeded_time {
+            continue;
+        }
+        if size[c.group] <= s.groups[c.group].min {
+            continue;
+        }
+        let allowed = if is_empty {
+            empties_removed < s.max_empty_bulk_delete
+        } else {
+            busy_removed < 1
+        };
+        if !allowed {
+            continue;
+        }
+        if is_empty {
+            empties_removed += 1;
+        } else {
+            busy_removed += 1;
+        }
+        size[c.group] -= 1;
+        actions.push(Action::ScaleDown {
+            group: s.groups[c.group].name.clone(),
+            node: c.node.name.clone(),
+            machine: c.machine.id.clone(),
+            empty: is_empty,
+        });
+    }
+    for n in needed {
+        if n.unneeded_since.is_some() {
+            actions.push(Action::ClearUnneeded {
+                node: n.name.clone(),
+            });
+        }
+    }
+    actions
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,941 @@
+use super::*;
+use crate::config::{Capacity, GroupSettings};
+use crate::render::values::STARTUP_TAINT_KEY;
+use crate::scaler::model::{TolerationView, UNNEEDED_SINCE};
+
+const GI: i64 = 1024 * 1024 * 1024;
+
+fn t0() -> Timestamp {
+    "2026-01-01T00:00:00Z".parse().expect("time")
+}
+
+fn at(minutes: i64) -> Timestamp {
+    t0() + SignedDuration::from_secs(minutes * 60)
+}
+
+fn res(cpu_milli: i64, mem_gi: i64, pods: i64) -> Resources {
+    Resources {
+        cpu_milli,
+        memory: mem_gi * GI,
+        pods,
+        ..Resources::default()
+    }
+}
+
+fn group(name: &str, min: u32, max: u32) -> GroupSettings {
+    GroupSettings {
+        name: name.into(),
+        min,
+        max,
+        standby: 0,
+        priority: 0,
+        plan: String::new(),
+        region: String::new(),
+        image: String::new(),
+        ssh_keys: Vec::new(),
+        labels: BTreeMap::new(),
+        taints: Vec::new(),
+        template: "/t".into(),
+        hostname_pattern: None,
+        capacity: Capacity {
+            resources: res(4000, 16, 110),
+        },
+    }
+}
+
+fn settings(groups: Vec<GroupSettings>) -> ScalerSettings {
+    ScalerSettings {
+        groups,
+        ..ScalerSettings::default()
+    }
+}
+
+fn node(name: &str, group: Option<&str>) -> NodeView {
+    let mut labels = BTreeMap::from([("kubernetes.io/hostname".to_string(), name.to_string())]);
+    if let Some(g) = group {
+        labels.insert(NODE_GROUP_LABEL.into(), g.into());
+    }
+    NodeView {
+        name: name.into(),
+        labels,
+        taints: Vec::new(),
+        unschedulable: false,
+        scale_down_in_progress: false,
+        ready: true,
+        ready_transition: Some(t0()),
+        allocatable: res(4000, 16, 110),
+        created: Some(t0()),
+        unneeded_since: None,
+        scale_down_disabled: false,
+        not_ready_in_time: false,
+    }
+}
+
+fn machine(host: &str, group: &str, created: Timestamp) -> MachineView {
+    MachineView {
+        id: format!("m-{host}"),
+        hostname: host.into(),
+        group: group.into(),
+        created,
+    }
+}
+
+fn pod(name: &str, cpu_milli: i64, mem_gi: i64) -> PodView {
+    PodView {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        node: None,
+        requests: res(cpu_milli, mem_gi, 1),
+        node_selector: BTreeMap::new(),
+        affinity_terms: Vec::new(),
+        tolerations: Vec::new(),
+        unschedulable: true,
+        controller_kind: Some("ReplicaSet".into()),
+        mirror: false,
+        safe_to_evict: None,
+        local_storage: false,
+    }
+}
+
+fn on(mut p: PodView, node: &str) -> PodView {
+    p.node = Some(node.into());
+    p.unschedulable = false;
+    p
+}
+
+/// A group member: machine plus ready node.
+fn member(snap: &mut Snapshot, name: &str, group: &str) {
+    snap.nodes.push(node(name, Some(group)));
+    snap.machines.push(machine(name, group, t0()));
+}
+
+fn scale_ups(actions: &[Action]) -> Vec<(String, u32, ScaleUpReason)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::ScaleUp {
+                group,
+                count,
+                reason,
+                ..
+            } => Some((group.clone(), *count, *reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn scale_downs(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::ScaleDown { node, .. } => Some(node.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn no_scale_up(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::NoScaleUp { pod, reason } => Some(format!("{pod}: {reason}")),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn pending_pods_fill_existing_room_before_new_nodes() {
+    let mut snap = Snapshot::default();
+    member(&mut snap, "a", "web");
+    snap.pods.push(on(pod("busy", 1000, 4), "a"));
+    snap.pods.push(pod("p1", 2000, 4));
+    let s = settings(vec![group("web", 0, 10)]);
+    assert!(scale_ups(&decide(&snap, t0(), &s)).is_empty());
+    snap.pods.push(pod("p2", 2000, 4));
+    let a = decide(&snap, t0(), &s);
+    assert_eq!(
+        scale_ups(&a),
+        vec![("web".into(), 1, ScaleUpReason::PendingPods)]
+    );
+}
+
+#[test]
+fn first_fit_decreasing_packs_tightly() {
+    // 3 x 3 CPU and 3 x 1 CPU on 4 CPU nodes: FFD needs 3 nodes.
+    let mut snap = Snapshot::default();
+    for (i, cpu) in [1000, 3000, 1000, 3000, 1000, 3000].into_iter().enumerate() {
+        snap.pods.push(pod(&format!("p{i}"), cpu, 1));
+    }
+    let a = decide(&snap, t0(), &settings(vec![group("web", 0, 10)]));
+    assert_eq!(
+        scale_ups(&a),
+        vec![("web".into(), 3, ScaleUpReason::PendingPods)]
+    );
+    let pods = a
+        .iter()
+        .find_map(|a| match a {
+            Action::ScaleUp { pods, .. } => Some(pods.len()),
+            _ => None,
+        })
+        .expect("scale-up");
+    assert_eq!(pods, 6);
+}
+
+#[test]
+fn constrained_pods_are_packed_before_flexible_ones() {
+    // "a" has room for one node; the pinned pod can only go there, the free one anywhere.
+    let s = settings(vec![group("a", 0, 1), group("b", 0, 1)]);
+    let mut snap = Snapshot::default();
+    snap.pods.push(pod("a-free", 4000, 1));
+    let mut pinned = pod("b-pinned", 4000, 1);
+    pinned
+        .node_selector
+        .insert(NODE_GROUP_LABEL.into(), "a".into());
+    snap.pods.push(pinned);
+    let a = decide(&snap, t0(), &s);
+    assert!(no_scale_up(&a).is_empty(), "{a:?}");
+    assert_eq!(scale_ups(&a).len(), 2);
+}
+
+#[test]
+fn booting_nodes_and_registering_machines_count_as_coming() {
+    let s = settings(vec![group("web", 0, 10)]);
+    // A booting node (startup taint) takes the pod: no new machine.
+    let mut snap = Snapshot::default();
+    let mut n = node("b", Some("web"));
+    n.taints.push(TaintView {
+        key: STARTUP_TAINT_KEY.into(),
+        value: String::new(),
+        effect: "NoSchedule".into(),
+    });
+    n.ready = false;
+    snap.nodes.push(n);
+    snap.machines.push(machine("b", "web", at(-1)));
+    snap.pods.push(pod("p", 1000, 1));
+    assert!(scale_ups(&decide(&snap, t0(), &s)).is_empty());
+    // A machine without a Node yet (in flight, e.g. after a restart) also takes it.
+    let mut snap = Snapshot::default();
+    snap.machines.push(machine("c", "web", at(-1)));
+    snap.pods.push(pod("p", 1000, 1));
+    assert!(scale_ups(&decide(&snap, t0(), &s)).is_empty());
+    // But only as much as one template node offers.
+    snap.pods.push(pod("q", 3500, 1));
+    assert_eq!(
+        scale_ups(&decide(&snap, t0(), &s)),
+        vec![("web".into(), 1, ScaleUpReason::PendingPods)]
+    );
+}
+
+#[test]
+fn max_caps_scale_up_and_counts_in_flight_machines() {
+    let mut snap = Snapshot::default();
+    member(&mut snap, "a", "web");
+    snap.pods.push(on(pod("full", 4000, 1), "a"));
+    snap.machines.push(machine("x", "web", at(-1)));
+    snap.pods.push(pod("p0", 4000, 1)); // goes to the in-flight machine
+    for i in 1..10 {
+        snap.pods.push(pod(&format!("p{i}"), 4000, 1));
+    }
+    let a = decide(&snap, t0(), &settings(vec![group("web", 0, 5)]));
+    assert_eq!(
+        scale_ups(&a),
+        vec![("web".into(), 3, ScaleUpReason::PendingPods)]
+    );
+    let refused = no_scale_up(&a);
+    assert_eq!(refused.len(), 6, "{refused:?}");
+    assert!(refused[0].contains("at max size"), "{refused:?}");
+}
+
+#[test]
+fn scale_from_zero_uses_the_capacity_template() {
+    let mut g = group("gpu", 0, 3);
+    g.capacity
+        .resources
+        .extended
+        .insert("nvidia.com/gpu".into(), 1);
+    let s = settings(vec![group("web", 0, 3), g]);
+    let mut snap = Snapshot::default();
+    let mut p = pod("train", 1000, 1);
+    p.requests.extended.insert("nvidia.com/gpu".into(), 1);
+    snap.pods.push(p);
+    assert_eq!(
+        scale_ups(&decide(&snap, t0(), &s)),
+        vec![("gpu".into(), 1, ScaleUpReason::PendingPods)]
+    );
+    // Bigger than any template: refused with the reason.
+    let mut snap = Snapshot::default();
+    snap.pods.push(pod("huge", 64_000, 1));
+    let a = decide(&snap, t0(), &s);
+    assert!(scale_ups(&a).is_empty());
+    assert!(
+        no_scale_up(&a)[0].contains("requests more than a new node offers"),
+        "{a:?}"
+    );
+}
+
+fn req(key: &str, op: &str, values: &[&str]) -> Requirement {
+    Requirement {
+        key: key.into(),
+        operator: op.into(),
+        values: values.iter().map(|v| v.to_string()).collect(),
+        field: false,
+    }
+}
+
+/// Selectors, affinity and tolerations against group templates: which group (if any) grows.
+#[test]
+fn selectors_affinity_and_taints() {
+    let mut gpu = group("gpu", 0, 3);
+    gpu.labels.insert("example.com/accel".into(), "a100".into());
+    gpu.taints
+        .push("dedicated=gpu:NoSchedule".parse().expect("taint"));
+    gpu.plan = "gpu_plan".into();
+    let web = group("web", 0, 3);
+    let s = settings(vec![web, gpu]);
+    let tol = TolerationView {
+        key: "dedicated".into(),
+        operator: "Equal".into(),
+        value: "gpu".into(),
+        effect: "NoSchedule".into(),
+    };
+    type Case = (
+        &'static str,
+        Box<dyn Fn(&mut PodView)>,
+        Option<&'static str>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "plain pod goes to web (gpu is tainted)",
+            Box::new(|_| {}),
+            Some("web"),
+        ),
+        (
+            "selector for the gpu label without toleration fits nowhere",
+            Box::new(|p| {
+                p.node_selector
+                    .insert("example.com/accel".into(), "a100".into());
+            }),
+            None,
+        ),
+        (
+            "selector plus toleration goes to gpu",
+            Box::new({
+                let tol = tol.clone();
+                move |p| {
+                    p.node_selector
+                        .insert("example.com/accel".into(), "a100".into());
+                    p.tolerations.push(tol.clone());
+                }
+            }),
+            Some("gpu"),
+        ),
+        (
+            "affinity In on the group label",
+            Box::new({
+                let tol = tol.clone();
+                move |p| {
+                    p.affinity_terms = vec![vec![req(NODE_GROUP_LABEL, "In", &["gpu"])]];
+                    p.tolerations.push(tol.clone());
+                }
+            }),
+            Some("gpu"),
+        ),
+        (
+            "affinity NotIn web, tolerating all",
+            Box::new(|p| {
+                p.affinity_terms = vec![vec![req(NODE_GROUP_LABEL, "NotIn", &["web"])]];
+                p.tolerations.push(TolerationView {
+                    key: String::new(),
+                    operator: "Exists".into(),
+                    value: String::new(),
+                    effect: String::new(),
+                });
+            }),
+            Some("gpu"),
+        ),
+        (
+            "affinity Exists on the instance-type label only gpu sets",
+            Box::new({
+                let tol = tol.clone();
+                move |p| {
+                    p.affinity_terms =
+                        vec![vec![req("node.kubernetes.io/instance-type", "Exists", &[])]];
+                    p.tolerations.push(tol.clone());
+                }
+            }),
+            Some("gpu"),
+        ),
+        (
+            "affinity DoesNotExist on the gpu label goes to web",
+            Box::new(|p| {
+                p.affinity_terms = vec![vec![req("example.com/accel", "DoesNotExist", &[])]];
+            }),
+            Some("web"),
+        ),
+        (
+            "two terms are ORed",
+            Box::new(|p| {
+                p.affinity_terms = vec![
+                    vec![req(NODE_GROUP_LABEL, "In", &["nope"])],
+                    vec![req(NODE_GROUP_LABEL, "In", &["web"])],
+                ];
+            }),
+            Some("web"),
+        ),
+        (
+            "requirements in a term are ANDed",
+            Box::new(|p| {
+                p.affinity_terms = vec![vec![
+                    req(NODE_GROUP_LABEL, "In", &["web"]),
+                    req("example.com/accel", "Exists", &[]),
+                ]];
+            }),
+            None,
+        ),
+        (
+            "hostname selector fits no template",
+            Box::new(|p| {
+                p.node_selector
+                    .insert("kubernetes.io/hostname".into(), "node-9".into());
+            }),
+            None,
+        ),
+        (
+            "os selector fits the generic template labels",
+            Box::new(|p| {
+                p.node_selector
+                    .insert("kubernetes.io/os".into(), "linux".into());
+            }),
+            Some("web"),
+        ),
+    ];
+    for (what, f, want) in cases {
+        let mut p = pod("p", 500, 1);
+        f(&mut p);
+        let snap = Snapshot {
+            pods: vec![p],
+            ..Snapshot::default()
+        };
+        let a = decide(&snap, t0(), &s);
+        let got: Vec<String> = scale_ups(&a).into_iter().map(|(g, _, _)| g).collect();
+        assert_eq!(
+            got,
+            want.into_iter().map(String::from).collect::<Vec<_>>(),
+            "{what}: {a:?}"
+        );
+        if want.is_none() {
+            assert_eq!(no_scale_up(&a).len(), 1, "{what}: a NoScaleUp is reported");
+        }
+    }
+}
+
+#[test]
+fn existing_node_taints_and_cordons_are_respected() {
+    let s = settings(vec![group("web", 0, 3)]);
+    let mut snap = Snapshot::default();
+    member(&mut snap, "a", "web");
+    snap.nodes[0].taints.push(TaintView {
+        key: "dedicated".into(),
+        value: "x".into(),
+        effect: "NoSchedule".into(),
+    });
+    member(&mut snap, "b", "web");
+    snap.nodes[1].unschedulable = true;
+    snap.pods.push(pod("p", 500, 1));
+    assert_eq!(scale_ups(&decide(&snap, t0(), &s)).len(), 1);
+    // PreferNoSchedule does not keep a pod away.
+    snap.nodes[0].taints[0].effect = "PreferNoSchedule".into();
+    assert!(scale_ups(&decide(&snap, t0(), &s)).is_empty());
+}
+
+#[test]
+fn expanders() {
+    let mut small = group("small", 0, 10);
+    small.capacity.resources = res(2000, 4, 110);
+    let mut big = group("big", 0, 10);
+    big.capacity.resources = res(16_000, 64, 110);
+    big.priority = 10;
+    let mut snap = Snapshot::default();
+    snap.pods.push(pod("p", 1500, 3));
+    // least-waste: one small node wastes less than one big node.
+    let mut s = settings(vec![small.clone(), big.clone()]);
+    assert_eq!(scale_ups(&decide(&snap, t0(), &s))[0].0, "small");
+    s.expander = Expander::Priority;
+    assert_eq!(scale_ups(&decide(&snap, t0(), &s))[0].0, "big");
+    // random: repeatable for the same input, and both groups come up across inputs.
+    s.expander = Expander::Random;
+    let first = decide(&snap, t0(), &s);
+    assert_eq!(first, decide(&snap, t0(), &s), "same input, same choice");
+    let chosen: std::collections::BTreeSet<String> = (0..40)
+        .map(|i| scale_ups(&decide(&snap, at(i), &s))[0].0.clone())
+        .collect();
+    assert_eq!(
+        chosen.len(),
+        2,
+        "random picks both groups over time: {chosen:?}"
+    );
+}
+
+#[test]
+fn min_and_standby() {
+    let mut g = group("web", 2, 5);
+    let s = settings(vec![g.clone()]);
+    let snap = Snapshot::default();
+    assert_eq!(
+        scale_ups(&decide(&snap, t0(), &s)),
+        vec![("web".into(), 2, ScaleUpReason::BelowMin)]
+    );
+    // Standby: two empty ready nodes wanted, one exists, one busy.
+    g.min = 0;
+    g.standby = 2;
+    let s = settings(vec![g]);
+    let mut snap = Snapshot::default();
+    member(&mut snap, "a", "web");
+    member(&mut snap, "b", "web");
+    snap.pods.push(on(pod("busy", 3000, 1), "b"));
+    assert_eq!(
+        scale_ups(&decide(&snap, t0(), &s)),
+        vec![("web".into(), 1, ScaleUpReason::Standby)]
+    );
+    // A registering machine counts as standby.
+    snap.machines.push(machine("c", "web", t0()));
+    assert!(scale_ups(&decide(&snap, t0(), &s)).is_empty());
+    // Standby nodes are never scaled down, even when unneeded for long.
+    let mut snap = Snapshot::default();
+    member(&mut snap, "a", "web");
+    member(&mut snap, "b", "web");
+    for n in &mut snap.nodes {
+        n.unneeded_since = Some(at(-60));
+    }
+    let a = decide(&snap, t0(), &s);
+    assert!(scale_downs(&a).is_empty(), "{a:?}");
+}
+
+/// Builds a group of three nodes where "a" is lightly used and could go.
+fn scale_down_snapshot() -> Snapshot {
+    let mut snap = Snapshot::default();
+    for n in ["a", "b", "c"] {
+        member(&mut snap, n, "web");
+    }
+    snap.pods.push(on(pod("light", 500, 1), "a"));
+    snap.pods.push(on(pod("b1", 2500, 1), "b"));
+    snap.pods.push(on(pod("c1", 2500, 1), "c"));
+    snap
+}
+
+#[test]
+fn unneeded_nodes_are_marked_then_removed_after_the_unneeded_time() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let mut snap = scale_down_snapshot();
+    let a = decide(&snap, t0(), &s);
+    let marked: Vec<&String> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::MarkUnneeded { node, since } if *since == t0() => Some(node),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(marked, ["a"], "b and c are above the threshold: {a:?}");
+    snap.nodes[0].unneeded_since = Some(t0());
+    assert!(
+        scale_downs(&decide(&snap, at(9), &s)).is_empty(),
+        "not before 10 minutes"
+    );
+    assert_eq!(scale_downs(&decide(&snap, at(10), &s)), ["a"]);
+    // Load came back: the mark is cleared.
+    snap.pods.push(on(pod("heavy", 3000, 1), "a"));
+    let a = decide(&snap, at(10), &s);
+    assert!(scale_downs(&a).is_empty());
+    assert!(
+        a.contains(&Action::ClearUnneeded { node: "a".into() }),
+        "{a:?}"
+    );
+}
+
+/// Every protection keeps node "a" (unneeded for an hour otherwise) from being removed.
+#[test]
+fn scale_down_protections() {
+    type Case = (&'static str, Box<dyn Fn(&mut Snapshot)>);
+    let cases: Vec<Case> = vec![
+        (
+            "control-plane label",
+            Box::new(|s| {
+                s.nodes[0].labels.insert(
+                    "node-role.kubernetes.io/control-plane".into(),
+                    String::new(),
+                );
+            }),
+        ),
+        (
+            "master label",
+            Box::new(|s| {
+                s.nodes[0]
+                    .labels
+                    .insert("node-role.kubernetes.io/master".into(), String::new());
+            }),
+        ),
+        (
+            "etcd label",
+            Box::new(|s| {
+                s.nodes[0]
+                    .labels
+                    .insert("node-role.kubernetes.io/etcd".into(), String::new());
+            }),
+        ),
+        (
+            "scale-down-disabled annotation",
+            Box::new(|s| s.nodes[0].scale_down_disabled = true),
+        ),
+        (
+            "safe-to-evict false",
+            Box::new(|s| s.pods[0].safe_to_evict = Some(false)),
+        ),
+        (
+            "emptyDir / hostPath",
+            Box::new(|s| s.pods[0].local_storage = true),
+        ),
+        (
+            "no controller",
+            Box::new(|s| s.pods[0].controller_kind = None),
+        ),
+        (
+            "no group label",
+            Box::new(|s| {
+                s.nodes[0].labels.remove(NODE_GROUP_LABEL);
+                s.machines.remove(0);
+            }),
+        ),
+        (
+            "group not configured",
+            Box::new(|s| {
+                s.nodes[0]
+                    .labels
+                    .insert(NODE_GROUP_LABEL.into(), "other".into());
+                s.machines[0].group = "other".into();
+            }),
+        ),
+        (
+            "no machine at the provider",
+            Box::new(|s| {
+                s.machines.remove(0);
+            }),
+        ),
+        (
+            "pods do not fit elsewhere",
+            Box::new(|s| {
+                s.pods[0].requests.cpu_milli = 1900;
+                s.pods[1].requests.cpu_milli = 2500;
+                s.pods[2].requests.cpu_milli = 2500;
+            }),
+        ),
+        (
+            "pod's selector matches only this node",
+            Box::new(|s| {
+                s.pods[0]
+                    .node_selector
+                    .insert("kubernetes.io/hostname".into(), "a".into());
+            }),
+        ),
+        (
+            "utilisation above threshold",
+            Box::new(|s| s.pods[0].requests.memory = 9 * GI),
+        ),
+        (
+            "booting node",
+            Box::new(|s| {
+                s.nodes[0].taints.push(TaintView {
+                    key: STARTUP_TAINT_KEY.into(),
+                    value: String::new(),
+                    effect: "NoSchedule".into(),
+                });
+            }),
+        ),
+        (
+            "cordoned by someone else",
+            Box::new(|s| s.nodes[0].unschedulable = true),
+        ),
+    ];
+    let s = settings(vec![group("web", 0, 10)]);
+    let mut base = scale_down_snapshot();
+    base.nodes[0].unneeded_since = Some(at(-60));
+    assert_eq!(
+        scale_downs(&decide(&base, t0(), &s)),
+        ["a"],
+        "the base case removes a"
+    );
+    for (what, f) in cases {
+        let mut snap = base.clone();
+        f(&mut snap);
+        let a = decide(&snap, t0(), &s);
+        assert!(!scale_downs(&a).contains(&"a".to_string()), "{what}: {a:?}");
+    }
+    // DaemonSet and mirror pods do not block.
+    for f in [
+        |p: &mut PodView| p.controller_kind = Some("DaemonSet".into()),
+        |p: &mut PodView| {
+            p.controller_kind = None;
+            p.mirror = true;
+        },
+    ] {
+        let mut snap = base.clone();
+        let mut ds = on(pod("ds", 100, 1), "a");
+        ds.local_storage = true;
+        f(&mut ds);
+        snap.pods.push(ds);
+        assert_eq!(scale_downs(&decide(&snap, t0(), &s)), ["a"]);
+    }
+    // safe-to-evict "true" lets a local-storage pod go.
+    let mut snap = base.clone();
+    snap.pods[0].local_storage = true;
+    snap.pods[0].safe_to_evict = Some(true);
+    assert_eq!(scale_downs(&decide(&snap, t0(), &s)), ["a"]);
+}
+
+#[test]
+fn never_below_min_and_bounded_per_pass() {
+    let mut snap = Snapshot::default();
+    for i in 0..15 {
+        member(&mut snap, &format!("n{i:02}"), "web");
+        snap.nodes[i].unneeded_since = Some(at(-60));
+    }
+    let s = settings(vec![group("web", 12, 20)]);
+    assert_eq!(
+        scale_downs(&decide(&snap, t0(), &s)).len(),
+        3,
+        "15 nodes, min 12"
+    );
+    let s = settings(vec![group("web", 0, 20)]);
+    assert_eq!(
+        scale_downs(&decide(&snap, t0(), &s)).len(),
+        10,
+        "max_empty_bulk_delete empty nodes per pass"
+    );
+    // Non-empty nodes go one per pass.
+    for i in 0..15 {
+        snap.pods
+            .push(on(pod(&format!("p{i}"), 100, 1), &format!("n{i:02}")));
+    }
+    assert_eq!(scale_downs(&decide(&snap, t0(), &s)).len(), 1);
+}
+
+#[test]
+fn no_scale_down_while_scaling_up() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let mut snap = scale_down_snapshot();
+    snap.nodes[0].unneeded_since = Some(at(-60));
+    snap.pods.push(pod("needs-room", 3900, 1));
+    let a = decide(&snap, t0(), &s);
+    assert!(scale_downs(&a).is_empty(), "{a:?}");
+}
+
+#[test]
+fn repair_and_backoff() {
+    let s = settings(vec![group("web", 0, 10)]);
+    // A machine that never registered: deleted after max_provision_time, group backs off.
+    let mut snap = Snapshot::default();
+    snap.machines.push(machine("ghost", "web", t0()));
+    assert!(
+        decide(&snap, at(9), &s)
+            .iter()
+            .all(|a| !matches!(a, Action::Repair { .. }))
+    );
+    let a = decide(&snap, at(10), &s);
+    assert!(
+        a.contains(&Action::Repair {
+            group: "web".into(),
+            machine: "m-ghost".into(),
+            node: None,
+            reason: RepairReason::NeverRegistered
+        }),
+        "{a:?}"
+    );
+    assert!(
+        a.contains(&Action::BackOff {
+            group: "web".into(),
+            failures: 1,
+            until: at(15)
+        }),
+        "{a:?}"
+    );
+    // Backoff doubles and is capped.
+    snap.backoff.insert(
+        "web".into(),
+        Backoff {
+            failures: 3,
+            last_failure: Some(at(0)),
+            until: Some(at(5)),
+        },
+    );
+    let a = decide(&snap, at(10), &s);
+    assert!(
+        a.contains(&Action::BackOff {
+            group: "web".into(),
+            failures: 4,
+            until: at(40)
+        }),
+        "{a:?}"
+    );
+    snap.backoff.insert(
+        "web".into(),
+        Backoff {
+            failures: 9,
+            last_failure: Some(at(0)),
+            until: Some(at(5)),
+        },
+    );
+    let a = decide(&snap, at(10), &s);
+    assert!(
+        a.contains(&Action::BackOff {
+            group: "web".into(),
+            failures: 10,
+            until: at(40)
+        }),
+        "{a:?}"
+    );
+
+    // While backing off, pending pods do not scale the group up.
+    let mut snap = Snapshot::default();
+    snap.backoff.insert(
+        "web".into(),
+        Backoff {
+            failures: 1,
+            last_failure: Some(t0()),
+            until: Some(at(5)),
+        },
+    );
+    snap.pods.push(pod("p", 500, 1));
+    let a = decide(&snap, at(1), &s);
+    assert!(scale_ups(&a).is_empty());
+    assert!(no_scale_up(&a)[0].contains("backing off"), "{a:?}");
+    assert_eq!(
+        scale_ups(&decide(&snap, at(6), &s)).len(),
+        1,
+        "after the back-off"
+    );
+
+    // A node still booting after max_provision_time, or reported NotReadyInTime.
+    let mut snap = Snapshot::default();
+    let mut n = node("slow", Some("web"));
+    n.taints.push(TaintView {
+        key: STARTUP_TAINT_KEY.into(),
+        value: String::new(),
+        effect: "NoSchedule".into(),
+    });
+    snap.nodes.push(n);
+    snap.machines.push(machine("slow", "web", t0()));
+    assert!(
+        !decide(&snap, at(5), &s)
+            .iter()
+            .any(|a| matches!(a, Action::Repair { .. }))
+    );
+    assert!(decide(&snap, at(10), &s).iter().any(|a| matches!(
+        a,
+        Action::Repair {
+            reason: RepairReason::NeverReady,
+            ..
+        }
+    )));
+    snap.nodes[0].not_ready_in_time = true;
+    assert!(decide(&snap, at(5), &s).iter().any(|a| matches!(
+        a,
+        Action::Repair {
+            reason: RepairReason::NeverReady,
+            ..
+        }
+    )));
+
+    // NotReady for unready_delete_time: replaced, without a back-off.
+    let mut snap = Snapshot::default();
+    member(&mut snap, "sick", "web");
+    snap.nodes[0].ready = false;
+    snap.nodes[0].ready_transition = Some(t0());
+    assert!(
+        !decide(&snap, at(19), &s)
+            .iter()
+            .any(|a| matches!(a, Action::Repair { .. }))
+    );
+    let a = decide(&snap, at(20), &s);
+    assert!(a.iter().any(|a| matches!(
+        a,
+        Action::Repair {
+            reason: RepairReason::Unready,
+            ..
+        }
+    )));
+    for protect in [
+        |n: &mut NodeView| {
+            n.labels.insert(
+                "node-role.kubernetes.io/control-plane".into(),
+                String::new(),
+            );
+        },
+        |n: &mut NodeView| n.scale_down_disabled = true,
+    ] {
+        let mut protected = snap.clone();
+        protect(&mut protected.nodes[0]);
+        assert!(
+            !decide(&protected, at(60), &s)
+                .iter()
+                .any(|a| matches!(a, Action::Repair { .. })),
+            "control-plane and scale-down-disabled nodes are never deleted"
+        );
+    }
+    assert!(!a.iter().any(|a| matches!(a, Action::BackOff { .. })));
+
+    // A ready node created after the last failure clears the back-off.
+    let mut snap = Snapshot::default();
+    member(&mut snap, "good", "web");
+    snap.nodes[0].created = Some(at(2));
+    snap.backoff.insert(
+        "web".into(),
+        Backoff {
+            failures: 2,
+            last_failure: Some(at(1)),
+            until: Some(at(30)),
+        },
+    );
+    assert!(decide(&snap, at(3), &s).contains(&Action::ClearBackOff {
+        group: "web".into()
+    }));
+}
+
+#[test]
+fn scale_down_in_progress_is_resumed() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let mut snap = scale_down_snapshot();
+    snap.nodes[1].unschedulable = true;
+    snap.nodes[1].scale_down_in_progress = true;
+    assert_eq!(scale_downs(&decide(&snap, t0(), &s)), ["b"]);
+}
+
+#[test]
+fn a_node_left_behind_by_a_scale_down_is_deleted() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let mut snap = scale_down_snapshot();
+    snap.nodes[1].unschedulable = true;
+    snap.nodes[1].scale_down_in_progress = true;
+    snap.machines.retain(|m| m.hostname != "b");
+    let a = decide(&snap, t0(), &s);
+    assert!(
+        a.contains(&Action::DeleteNode {
+            group: "web".into(),
+            node: "b".into()
+        }),
+        "{a:?}"
+    );
+    // An admin's cordon on a node without a machine is left alone.
+    snap.nodes[1].scale_down_in_progress = false;
+    assert!(
+        !decide(&snap, t0(), &s)
+            .iter()
+            .any(|a| matches!(a, Action::DeleteNode { .. }))
+    );
+}
+
+#[test]
+fn unneeded_annotation_name_is_stable() {
+    // Renaming it would make every running scaler forget its countdowns on upgrade.
+    assert_eq!(UNNEEDED_SINCE, "nodeward.io/unneeded-since");
+}

@@ -1,0 +1,355 @@
+//! What `decide` sees: plain views of Nodes, Pods and provider machines, converted from the API
+//! objects once per pass. Keeping decide off the k8s-openapi types keeps it fast (30,000 pods)
+//! and its tests short.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, Toleration};
+
+use super::resources::Resources;
+use crate::render::values::{NODE_GROUP_LABEL, STARTUP_TAINT_KEY};
+
+/// The annotation holding the RFC 3339 time a node became unneeded.
+pub const UNNEEDED_SINCE: &str = "nodeward.io/unneeded-since";
+/// An operator's opt-out from scale-down, as in cluster-autoscaler.
+pub const SCALE_DOWN_DISABLED: &str = "nodeward.io/scale-down-disabled";
+/// A pod annotation that blocks (`"false"`) or allows (`"true"`) removing its node.
+pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+/// The Event reason the agent emits on a Node whose readiness gates never passed.
+pub const NOT_READY_IN_TIME: &str = "NodeNotReadyInTime";
+/// Labels of hosts the scaler must never remove, whatever group label they carry.
+pub const PROTECTED_ROLE_LABELS: &[&str] = &[
+    "node-role.kubernetes.io/control-plane",
+    "node-role.kubernetes.io/master",
+    "node-role.kubernetes.io/etcd",
+];
+
+/// A taint as decide uses it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaintView {
+    /// Key.
+    pub key: String,
+    /// Value (empty when none).
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
+}
+
+/// A Node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeView {
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Taints.
+    pub taints: Vec<TaintView>,
+    /// `spec.unschedulable`.
+    pub unschedulable: bool,
+    /// nodeward cordoned it for a scale-down (its cordon record says so).
+    pub scale_down_in_progress: bool,
+    /// Ready condition is True.
+    pub ready: bool,
+    /// When the Ready condition last changed.
+    pub ready_transition: Option<Timestamp>,
+    /// Allocatable.
+    pub allocatable: Resources,
+    /// Creation time.
+    pub created: Option<Timestamp>,
+    /// [`UNNEEDED_SINCE`], parsed.
+    pub unneeded_since: Option<Timestamp>,
+    /// [`SCALE_DOWN_DISABLED`] is `"true"`.
+    pub scale_down_disabled: bool,
+    /// The agent reported [`NOT_READY_IN_TIME`] for it.
+    pub not_ready_in_time: bool,
+}
+
+impl NodeView {
+    /// The node group label's value.
+    pub fn group(&self) -> Option<&str> {
+        self.labels.get(NODE_GROUP_LABEL).map(String::as_str)
+    }
+
+    /// Still booting: registered with the startup taint the agent removes when ready.
+    pub fn booting(&self) -> bool {
+        self.taints.iter().any(|t| t.key == STARTUP_TAINT_KEY)
+    }
+
+    /// A control-plane or etcd host.
+    pub fn protected_role(&self) -> bool {
+        PROTECTED_ROLE_LABELS
+            .iter()
+            .any(|l| self.labels.contains_key(*l))
+    }
+}
+
+/// A label selector requirement of required node affinity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requirement {
+    /// Label key (or `metadata.name` for a field requirement).
+    pub key: String,
+    /// `In`, `NotIn`, `Exists`, `DoesNotExist`, `Gt`, `Lt`.
+    pub operator: String,
+    /// Values.
+    pub values: Vec<String>,
+    /// A `matchFields` requirement (on the node's name).
+    pub field: bool,
+}
+
+/// A toleration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TolerationView {
+    /// Key; empty with `Exists` tolerates everything.
+    pub key: String,
+    /// `Equal` (default) or `Exists`.
+    pub operator: String,
+    /// Value for `Equal`.
+    pub value: String,
+    /// Effect; empty matches every effect.
+    pub effect: String,
+}
+
+/// A Pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodView {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID (seeds the random expander).
+    pub uid: String,
+    /// `spec.nodeName`.
+    pub node: Option<String>,
+    /// Effective requests (containers summed, init containers' max, overhead), pods = 1.
+    pub requests: Resources,
+    /// `spec.nodeSelector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// Required node affinity terms (ORed; requirements in a term ANDed). Empty: none.
+    pub affinity_terms: Vec<Vec<Requirement>>,
+    /// Tolerations.
+    pub tolerations: Vec<TolerationView>,
+    /// Pending with PodScheduled=False reason Unschedulable.
+    pub unschedulable: bool,
+    /// Kind of the controller owner, if any.
+    pub controller_kind: Option<String>,
+    /// A static pod's mirror.
+    pub mirror: bool,
+    /// [`SAFE_TO_EVICT`]: `Some(true)`, `Some(false)` or absent.
+    pub safe_to_evict: Option<bool>,
+    /// Has an emptyDir or hostPath volume.
+    pub local_storage: bool,
+}
+
+impl PodView {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Owned by a DaemonSet (or a mirror pod): runs on every node and leaves with it.
+    pub fn daemon(&self) -> bool {
+        self.mirror || self.controller_kind.as_deref() == Some("DaemonSet")
+    }
+}
+
+/// A machine at the provider, tagged with this cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MachineView {
+    /// Provider id.
+    pub id: String,
+    /// Hostname, which is the Node's name.
+    pub hostname: String,
+    /// `k8s-nodepool` tag.
+    pub group: String,
+    /// Creation time (providers must tell it: it is what times out a machine that never
+    /// registers).
+    pub created: Timestamp,
+}
+
+/// One group's back-off, kept in the status ConfigMap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Backoff {
+    /// Consecutive failed machines.
+    pub failures: u32,
+    /// When the last one failed.
+    pub last_failure: Option<Timestamp>,
+    /// No scale-up before this.
+    pub until: Option<Timestamp>,
+}
+
+/// Everything one decision needs.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Every Node.
+    pub nodes: Vec<NodeView>,
+    /// Every pod that is not finished (bound or pending).
+    pub pods: Vec<PodView>,
+    /// The cluster's machines at the provider.
+    pub machines: Vec<MachineView>,
+    /// Back-off per group.
+    pub backoff: BTreeMap<String, Backoff>,
+}
+
+fn ts(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<Timestamp> {
+    Some(t.0)
+}
+
+/// Converts a Node. `not_ready_in_time` is the set of nodes the agent reported.
+pub fn node_view(node: &Node, not_ready_in_time: &BTreeSet<String>) -> NodeView {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let annotations = node.metadata.annotations.clone().unwrap_or_default();
+    let spec = node.spec.clone().unwrap_or_default();
+    let status = node.status.clone().unwrap_or_default();
+    let ready_cond = status
+        .conditions
+        .as_ref()
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+    let allocatable = status
+        .allocatable
+        .as_ref()
+        .or(status.capacity.as_ref())
+        .map(|m| Resources::from_quantities(m.iter().map(|(k, v)| (k.as_str(), v.0.as_str()))))
+        .unwrap_or_default();
+    let scale_down_in_progress = crate::drain::cordon::record(node)
+        .is_some_and(|r| r.reason.starts_with(super::SCALE_DOWN_REASON))
+        && spec.unschedulable.unwrap_or(false);
+    NodeView {
+        not_ready_in_time: not_ready_in_time.contains(&name),
+        name,
+        labels: node.metadata.labels.clone().unwrap_or_default(),
+        taints: spec
+            .taints
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| TaintView {
+                key: t.key,
+                value: t.value.unwrap_or_default(),
+                effect: t.effect,
+            })
+            .collect(),
+        unschedulable: spec.unschedulable.unwrap_or(false),
+        scale_down_in_progress,
+        ready: ready_cond.is_some_and(|c| c.status == "True"),
+        ready_transition: ready_cond.and_then(|c| c.last_transition_time.as_ref().and_then(ts)),
+        allocatable,
+        created: node.metadata.creation_timestamp.as_ref().and_then(ts),
+        unneeded_since: annotations.get(UNNEEDED_SINCE).and_then(|s| s.parse().ok()),
+        scale_down_disabled: annotations.get(SCALE_DOWN_DISABLED).map(String::as_str)
+            == Some("true"),
+    }
+}
+
+fn requirement(r: &NodeSelectorRequirement, field: bool) -> Requirement {
+    Requirement {
+        key: r.key.clone(),
+        operator: r.operator.clone(),
+        values: r.values.clone().unwrap_or_default(),
+        field,
+    }
+}
+
+fn toleration(t: &Toleration) -> TolerationView {
+    TolerationView {
+        key: t.key.clone().unwrap_or_default(),
+        operator: t.operator.clone().unwrap_or_else(|| "Equal".into()),
+        value: t.value.clone().unwrap_or_default(),
+        effect: t.effect.clone().unwrap_or_default(),
+    }
+}
+
+/// Converts a Pod; `None` for a finished pod (Succeeded or Failed), which holds no resources.
+pub fn pod_view(pod: &Pod) -> Option<PodView> {
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    if phase == "Succeeded" || phase == "Failed" {
+        return None;
+    }
+    let spec = pod.spec.as_ref()?;
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let mut requests = Resources::default();
+    let container_requests = |c: &k8s_openapi::api::core::v1::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .map(|m| Resources::from_quantities(m.iter().map(|(k, v)| (k.as_str(), v.0.as_str()))))
+            .unwrap_or_default()
+    };
+    for c in &spec.containers {
+        requests.add(&container_requests(c));
+    }
+    for c in spec.init_containers.iter().flatten() {
+        requests.max(&container_requests(c));
+    }
+    if let Some(o) = &spec.overhead {
+        requests.add(&Resources::from_quantities(
+            o.iter().map(|(k, v)| (k.as_str(), v.0.as_str())),
+        ));
+    }
+    requests.pods = 1;
+    let affinity_terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|sel| {
+            sel.node_selector_terms
+                .iter()
+                .map(|t| {
+                    let mut reqs: Vec<Requirement> = t
+                        .match_expressions
+                        .iter()
+                        .flatten()
+                        .map(|r| requirement(r, false))
+                        .collect();
+                    reqs.extend(
+                        t.match_fields
+                            .iter()
+                            .flatten()
+                            .map(|r| requirement(r, true)),
+                    );
+                    reqs
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let unschedulable = spec.node_name.is_none()
+        && status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
+            });
+    let controller_kind = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.kind.clone());
+    Some(PodView {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        node: spec.node_name.clone(),
+        requests,
+        node_selector: spec.node_selector.clone().unwrap_or_default(),
+        affinity_terms,
+        tolerations: spec.tolerations.iter().flatten().map(toleration).collect(),
+        unschedulable,
+        controller_kind,
+        mirror: annotations.contains_key(crate::drain::plan::MIRROR_ANNOTATION),
+        safe_to_evict: annotations.get(SAFE_TO_EVICT).map(|v| v == "true"),
+        local_storage: spec
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.empty_dir.is_some() || v.host_path.is_some()),
+    })
+}

@@ -1,0 +1,317 @@
+//! The Cherry Servers REST API v1: servers are listed, created and deleted in one project, and
+//! group membership is the server's tags (`k8s-cluster`, `k8s-nodepool`), as in the Cherry
+//! Servers cluster-autoscaler provider.
+//!
+//! The API token is a [`Secret`] read from a file or `CHERRY_AUTH_TOKEN`; it only ever leaves
+//! its box as the `Authorization` header. Requests are logged with method, path, status and
+//! time — never bodies, which carry user data with a bootstrap token.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::json;
+use tracing::{debug, instrument};
+
+use super::{CLUSTER_TAG, CreateSpec, Error, POOL_TAG, Provider, Result, truncate};
+use crate::config::CherrySettings;
+use crate::scaler::model::MachineView;
+use crate::scaler::resources::Resources;
+use crate::secret::Secret;
+
+/// Environment variable the token is read from without `token_file`; the name the Cherry
+/// Servers cluster-autoscaler uses.
+pub const TOKEN_ENV: &str = "CHERRY_AUTH_TOKEN";
+
+const NAME: &str = "cherry";
+
+/// Server states that mean the machine is on its way out and no longer a member.
+const GONE_STATES: &[&str] = &["terminating", "deleting", "deleted"];
+
+/// A Cherry Servers client for one project and cluster.
+pub struct Cherry {
+    http: reqwest::Client,
+    base: String,
+    project: u64,
+    cluster: String,
+    token: Secret<String>,
+}
+
+impl std::fmt::Debug for Cherry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cherry")
+            .field("base", &self.base)
+            .field("project", &self.project)
+            .field("cluster", &self.cluster)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Server {
+    id: serde_json::Value,
+    #[serde(default)]
+    hostname: String,
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
+    #[serde(default)]
+    created_at: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Plan {
+    #[serde(default)]
+    slug: String,
+    #[serde(default)]
+    specs: Specs,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Specs {
+    #[serde(default)]
+    cpus: Cpus,
+    #[serde(default)]
+    memory: Memory,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Cpus {
+    #[serde(default)]
+    count: i64,
+    #[serde(default)]
+    cores: i64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Memory {
+    #[serde(default)]
+    total: i64,
+    #[serde(default)]
+    unit: String,
+}
+
+impl Cherry {
+    /// A client from `[scaler.cherry]`; the token comes from `token_file` or [`TOKEN_ENV`]
+    /// (passed in, so tests need not touch the environment).
+    pub fn new(s: &CherrySettings, cluster: &str, env_token: Option<String>) -> Result<Self> {
+        let config = |message: String| Error::Config {
+            provider: NAME,
+            message,
+        };
+        let project = s.project_id.ok_or_else(|| {
+            config("scaler.cherry.project_id is not set: give the Cherry Servers project id".into())
+        })?;
+        let token = match &s.token_file {
+            Some(path) => {
+                use std::os::unix::fs::PermissionsExt;
+                if let Ok(meta) = std::fs::metadata(path)
+                    && meta.permissions().mode() & 0o077 != 0
+                {
+                    tracing::warn!(
+                        path = %path.display(),
+                        mode = format!("{:o}", meta.permissions().mode() & 0o777),
+                        "the Cherry Servers token file is readable by other users; chmod 600 it"
+                    );
+                }
+                std::fs::read_to_string(path)
+                    .map_err(|e| config(format!("cannot read token file {}: {e}", path.display())))?
+            }
+            None => env_token.ok_or_else(|| {
+                config(format!(
+                    "no API token: set scaler.cherry.token_file or the {TOKEN_ENV} environment variable"
+                ))
+            })?,
+        };
+        let token = token.trim().to_string();
+        if token.is_empty() {
+            return Err(config("the API token is empty".into()));
+        }
+        let http = reqwest::Client::builder()
+            .timeout(s.request_timeout)
+            .user_agent(concat!("nodeward-scaler/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| config(format!("cannot build the HTTP client: {e}")))?;
+        Ok(Self {
+            http,
+            base: s.api_url.clone(),
+            project,
+            cluster: cluster.to_string(),
+            token: Secret::new(token),
+        })
+    }
+
+    async fn send(
+        &self,
+        action: &'static str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<String> {
+        let url = format!("{}{}", self.base, path);
+        let started = Instant::now();
+        let mut req = self
+            .http
+            .request(method.clone(), &url)
+            .bearer_auth(self.token.expose());
+        if let Some(b) = &body {
+            req = req.json(b);
+        }
+        let transport = |e: reqwest::Error| Error::Transport {
+            provider: NAME,
+            action,
+            // reqwest's message names the URL, never headers or bodies.
+            message: crate::render::error_chain(&e),
+        };
+        let resp = req.send().await.map_err(transport)?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(transport)?;
+        debug!(%method, path, status = status.as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "cherry request");
+        if !status.is_success() {
+            return Err(Error::Status {
+                provider: NAME,
+                action,
+                status: status.as_u16(),
+                message: truncate(&text),
+            });
+        }
+        Ok(text)
+    }
+
+    fn machine(&self, s: Server, action: &'static str) -> Result<Option<MachineView>> {
+        if s.tags.get(CLUSTER_TAG) != Some(&self.cluster) || GONE_STATES.contains(&s.state.as_str())
+        {
+            return Ok(None);
+        }
+        let Some(group) = s.tags.get(POOL_TAG).cloned() else {
+            return Ok(None);
+        };
+        let id = match &s.id {
+            serde_json::Value::String(v) => v.clone(),
+            other => other.to_string(),
+        };
+        let created = s
+            .created_at
+            .as_deref()
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| Error::Decode {
+                provider: NAME,
+                action,
+                message: format!("server {id} has no valid created_at ({:?})", s.created_at),
+            })?;
+        Ok(Some(MachineView {
+            id,
+            hostname: s.hostname,
+            group,
+            created,
+        }))
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(action: &'static str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| Error::Decode {
+        provider: NAME,
+        action,
+        message: e.to_string(),
+    })
+}
+
+impl Provider for Cherry {
+    #[instrument(skip(self), err)]
+    async fn list(&self) -> Result<Vec<MachineView>> {
+        let text = self
+            .send(
+                "list",
+                reqwest::Method::GET,
+                &format!("projects/{}/servers", self.project),
+                None,
+            )
+            .await?;
+        let servers: Vec<Server> = decode("list", &text)?;
+        let mut out = Vec::new();
+        for s in servers {
+            if let Some(m) = self.machine(s, "list")? {
+                out.push(m);
+            }
+        }
+        Ok(out)
+    }
+
+    #[instrument(skip(self, spec), fields(group = %spec.group, hostname = %spec.hostname), err)]
+    async fn create(&self, spec: &CreateSpec) -> Result<MachineView> {
+        let ssh_keys: Vec<serde_json::Value> = spec
+            .ssh_keys
+            .iter()
+            .map(|k| k.parse::<i64>().map_or_else(|_| json!(k), |n| json!(n)))
+            .collect();
+        let body = json!({
+            "plan": spec.plan,
+            "image": spec.image,
+            "region": spec.region,
+            "hostname": spec.hostname,
+            "ssh_keys": ssh_keys,
+            "user_data": base64::engine::general_purpose::STANDARD.encode(spec.user_data.expose()),
+            "tags": spec.tags,
+        });
+        let text = self
+            .send(
+                "create",
+                reqwest::Method::POST,
+                &format!("projects/{}/servers", self.project),
+                Some(body),
+            )
+            .await?;
+        let server: Server = decode("create", &text)?;
+        self.machine(server, "create")?
+            .ok_or_else(|| Error::Decode {
+                provider: NAME,
+                action: "create",
+                message: "the created server lacks this cluster's tags".into(),
+            })
+    }
+
+    #[instrument(skip(self), err)]
+    async fn delete(&self, id: &str) -> Result<()> {
+        match self
+            .send(
+                "delete",
+                reqwest::Method::DELETE,
+                &format!("servers/{id}"),
+                None,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(Error::Status { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    #[instrument(skip(self), err)]
+    async fn plan_capacity(&self, plan: &str) -> Result<Option<Resources>> {
+        let text = self
+            .send("plans", reqwest::Method::GET, "plans", None)
+            .await?;
+        let plans: Vec<Plan> = decode("plans", &text)?;
+        Ok(plans.into_iter().find(|p| p.slug == plan).map(|p| {
+            let cores = if p.specs.cpus.cores > 0 {
+                p.specs.cpus.cores
+            } else {
+                p.specs.cpus.count
+            };
+            let unit: i64 = match p.specs.memory.unit.as_str() {
+                "MB" => 1 << 20,
+                "TB" => 1 << 40,
+                _ => 1 << 30,
+            };
+            Resources {
+                cpu_milli: cores * 1000,
+                memory: p.specs.memory.total * unit,
+                ..Resources::default()
+            }
+        }))
+    }
+}

@@ -1,0 +1,985 @@
+//! The thin executor: gather a snapshot from the API and the provider, call [`decide`], carry
+//! out the actions, publish metrics, events and the status ConfigMap — as the Lease holder only.
+//!
+//! Nothing here is remembered between passes except which drains this process is running (so
+//! a slow drain is not started twice); everything else is read back from the cluster and the
+//! provider each pass, which is what lets a restarted or new leader carry on where the last one
+//! stopped.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde_json::json;
+use tokio::time::Instant;
+use tracing::{debug, error, info, instrument, warn};
+
+use super::decide::{self, Action, GroupState, ScaleUpReason};
+use super::lease::Elector;
+use super::metrics::{self, Metrics};
+use super::model::{self, Backoff, NOT_READY_IN_TIME, Snapshot, UNNEEDED_SINCE};
+use super::provider::{self, CLUSTER_TAG, CreateSpec, POOL_TAG, Provider};
+use super::{SCALE_DOWN_REASON, token};
+use crate::config::{GroupSettings, ScalerSettings, Settings};
+use crate::drain::{DrainOptions, DrainOutcome};
+use crate::render::values::{DEFAULT_HOSTNAME_PATTERN, Inputs, TokenSource, Values};
+use crate::secret::Secret;
+
+/// Name of the status ConfigMap.
+pub const STATUS_CONFIGMAP: &str = "nodeward-scaler-status";
+/// Machines created at once within one scale-up: enough to start 100 machines in seconds
+/// without bursting a provider's rate limit.
+const CREATE_CONCURRENCY: usize = 8;
+/// Pod events per pass at most: 3,000 pending pods must not mean 3,000 event writes every 10 s.
+const POD_EVENTS_PER_PASS: usize = 100;
+/// Actions listed in the status ConfigMap.
+const STATUS_ACTIONS: usize = 50;
+
+/// Errors of the scaler.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("cannot {action}: {source}")]
+    Api {
+        /// What was being done.
+        action: &'static str,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The provider failed.
+    #[error(transparent)]
+    Provider(#[from] provider::Error),
+    /// A bootstrap token could not be minted.
+    #[error(transparent)]
+    Token(#[from] token::Error),
+    /// A values file or template could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A group's values do not validate.
+    #[error("node group {group}: {source}")]
+    Values {
+        /// The group.
+        group: String,
+        /// Why.
+        #[source]
+        source: crate::render::values::Error,
+    },
+    /// A group's template does not render.
+    #[error("node group {group}: {source}")]
+    Render {
+        /// The group.
+        group: String,
+        /// Why.
+        #[source]
+        source: crate::render::Error,
+    },
+    /// The metrics address could not be bound.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// `pub type Result` for this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn api(action: &'static str) -> impl FnOnce(kube::Error) -> Error {
+    move |source| Error::Api { action, source }
+}
+
+/// How the scaler runs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Decide and log, change nothing.
+    pub dry_run: bool,
+    /// This replica's Lease identity.
+    pub identity: String,
+}
+
+/// A group's template, read once at start.
+#[derive(Debug)]
+struct GroupTemplate {
+    name: String,
+    text: String,
+}
+
+struct Inner<P> {
+    client: kube::Client,
+    provider: P,
+    settings: ScalerSettings,
+    drain: DrainOptions,
+    values_path: PathBuf,
+    values_text: String,
+    templates: BTreeMap<String, GroupTemplate>,
+    opts: RunOptions,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    draining: Mutex<HashSet<String>>,
+    leader_until: Mutex<Option<Instant>>,
+}
+
+/// The scaler.
+pub struct Scaler<P> {
+    inner: Arc<Inner<P>>,
+}
+
+impl<P> std::fmt::Debug for Scaler<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scaler")
+            .field("identity", &self.inner.opts.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+fn sets_for(g: &GroupSettings, s: &ScalerSettings) -> Vec<String> {
+    let mut sets = vec![
+        format!("cluster_name={}", s.cluster_name),
+        format!("node_group={}", g.name),
+        format!(
+            "hostname_pattern={}",
+            g.hostname_pattern
+                .as_deref()
+                .unwrap_or(DEFAULT_HOSTNAME_PATTERN)
+        ),
+    ];
+    sets.extend(g.labels.iter().map(|(k, v)| format!("node_labels.{k}={v}")));
+    if !g.taints.is_empty() {
+        sets.push(format!(
+            "node_taints={}",
+            g.taints
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ));
+    }
+    sets
+}
+
+impl<P: Provider + 'static> Scaler<P> {
+    /// Reads the values file and every group's template, fills capacities from the provider's
+    /// plans where the config leaves them out, and renders each group once with a throwaway
+    /// token so a broken template stops the scaler at start, not at its first scale-up.
+    pub async fn new(
+        client: kube::Client,
+        provider: P,
+        settings: &Settings,
+        opts: RunOptions,
+    ) -> Result<Self> {
+        let mut s = settings.scaler.clone();
+        let values_path = s.values.clone();
+        // Without groups there is nothing to render, and no values file is needed.
+        let values_text = if s.groups.is_empty() {
+            warn!("no [[scaler.groups]] configured: the scaler will only watch");
+            String::new()
+        } else {
+            std::fs::read_to_string(&values_path).map_err(|source| Error::Read {
+                path: values_path.clone(),
+                source,
+            })?
+        };
+        let mut templates = BTreeMap::new();
+        let mut groups = std::mem::take(&mut s.groups);
+        for g in &mut groups {
+            let text = std::fs::read_to_string(&g.template).map_err(|source| Error::Read {
+                path: g.template.clone(),
+                source,
+            })?;
+            let r = &mut g.capacity.resources;
+            if (r.cpu_milli == 0 || r.memory == 0) && !g.plan.is_empty() {
+                match provider.plan_capacity(&g.plan).await {
+                    Ok(Some(plan)) => {
+                        if r.cpu_milli == 0 {
+                            r.cpu_milli = plan.cpu_milli;
+                        }
+                        if r.memory == 0 {
+                            r.memory = plan.memory;
+                        }
+                    }
+                    Ok(None) => {
+                        warn!(group = %g.name, plan = %g.plan, "the provider does not know the plan; set capacity in the group")
+                    }
+                    Err(e) => {
+                        warn!(group = %g.name, error = %e, "cannot read plans; set capacity in the group")
+                    }
+                }
+            }
+            if g.capacity.resources.cpu_milli == 0 || g.capacity.resources.memory == 0 {
+                warn!(group = %g.name, "no cpu/memory capacity known: the group cannot scale up from zero");
+            }
+            let template = GroupTemplate {
+                name: g.template.display().to_string(),
+                text,
+            };
+            let trial = token::generate(&mut rand::rng());
+            let values = build_values(&values_path, &values_text, g, &s, &trial)?;
+            crate::render::render(&template.name, &template.text, &values).map_err(|source| {
+                Error::Render {
+                    group: g.name.clone(),
+                    source,
+                }
+            })?;
+            templates.insert(g.name.clone(), template);
+        }
+        s.groups = groups;
+        let reporter = Reporter {
+            controller: "nodeward-scaler".into(),
+            instance: Some(opts.identity.clone()),
+        };
+        let drain = DrainOptions::from_settings(&settings.drain, SCALE_DOWN_REASON);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                recorder: Recorder::new(client.clone(), reporter),
+                client,
+                provider,
+                settings: s,
+                drain,
+                values_path,
+                values_text,
+                templates,
+                opts,
+                metrics: Arc::new(Metrics::default()),
+                draining: Mutex::new(HashSet::new()),
+                leader_until: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The metrics this scaler updates.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.inner.metrics.clone()
+    }
+
+    /// Runs until `shutdown` completes: leader election in its own task, a pass every
+    /// `scan_interval` while leader, and the metrics endpoint if configured.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        let inner = self.inner.clone();
+        let s = &inner.settings;
+        let _metrics_task = match s.metrics_address {
+            Some(addr) => Some(AbortOnDrop(
+                metrics::serve(addr, inner.metrics.clone())
+                    .await
+                    .map_err(|source| Error::Metrics { addr, source })?
+                    .1,
+            )),
+            None => None,
+        };
+        let elector = Elector::new(
+            inner.client.clone(),
+            &s.namespace,
+            &s.lease_name,
+            &inner.opts.identity,
+            s.lease_duration,
+        );
+        let renew_every = s.lease_duration / 3;
+        let _election = {
+            let inner = inner.clone();
+            AbortOnDrop(tokio::spawn(async move {
+                loop {
+                    let until = elector.try_acquire().await;
+                    inner.metrics.leader.set(i64::from(until.is_some()));
+                    *lock(&inner.leader_until) = until;
+                    tokio::time::sleep(renew_every).await;
+                }
+            }))
+        };
+        let mut shutdown = std::pin::pin!(shutdown);
+        info!(identity = %inner.opts.identity, dry_run = inner.opts.dry_run, groups = s.groups.len(), "scaler started");
+        loop {
+            let next = Instant::now() + s.scan_interval;
+            if inner.is_leader() {
+                if let Err(e) = inner.clone().pass().await {
+                    error!(error = %e, "pass failed; retrying next pass");
+                }
+            } else {
+                debug!("not the leader; waiting");
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                () = tokio::time::sleep_until(next) => {}
+            }
+        }
+        drop(_election);
+        Elector::new(
+            inner.client.clone(),
+            &s.namespace,
+            &s.lease_name,
+            &inner.opts.identity,
+            s.lease_duration,
+        )
+        .release()
+        .await;
+        info!("scaler stopped");
+        Ok(())
+    }
+
+    /// One pass regardless of leadership (tests and `--once`-style callers that hold no Lease).
+    pub async fn pass_once(&self) -> Result<Vec<Action>> {
+        *lock(&self.inner.leader_until) = Some(Instant::now() + Duration::from_secs(3600));
+        self.inner.clone().pass().await
+    }
+}
+
+/// Aborts a helper task when the scaler's future is dropped (cancelled or finished), so an
+/// abandoned scaler stops renewing its Lease at once.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn build_values(
+    path: &std::path::Path,
+    text: &str,
+    g: &GroupSettings,
+    s: &ScalerSettings,
+    token: &crate::render::values::BootstrapToken,
+) -> Result<Values> {
+    let sets = sets_for(g, s);
+    Values::build(
+        Inputs {
+            file: Some((path, text)),
+            sets: &sets,
+            token: Some(TokenSource {
+                origin: "minted bootstrap token".into(),
+                token: Secret::new(token.expose()),
+            }),
+        },
+        &crate::render::values::rand8(),
+    )
+    .map_err(|source| Error::Values {
+        group: g.name.clone(),
+        source,
+    })
+}
+
+fn pod_ref(p: &model::PodView) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(p.name.clone()),
+        namespace: Some(p.namespace.clone()),
+        uid: Some(p.uid.clone()),
+        ..ObjectReference::default()
+    }
+}
+
+fn node_ref(name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.to_string()),
+        ..ObjectReference::default()
+    }
+}
+
+impl<P: Provider + 'static> Inner<P> {
+    fn is_leader(&self) -> bool {
+        // Stop acting a tenth of the Lease before it runs out: others may take it only after.
+        let margin = self.settings.lease_duration / 10;
+        lock(&self.leader_until).is_some_and(|u| u > Instant::now() + margin)
+    }
+
+    async fn event(
+        &self,
+        reference: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, reference).await {
+            debug!(reason, error = %e, "cannot publish event");
+        }
+    }
+
+    #[instrument(skip(self), err)]
+    async fn gather(&self) -> Result<Snapshot> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(self.client.clone());
+        let status: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let all = ListParams::default();
+        let live = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
+        let reason = format!("reason={NOT_READY_IN_TIME}");
+        let not_ready_events = ListParams::default().fields(&reason);
+        let (nodes, pods, events, status, machines) = tokio::join!(
+            nodes.list(&all),
+            pods.list(&live),
+            events.list(&not_ready_events),
+            status.get_opt(STATUS_CONFIGMAP),
+            self.provider.list(),
+        );
+        let nodes = nodes.map_err(api("list nodes"))?;
+        let pods = pods.map_err(api("list pods"))?;
+        let events = events.map_err(api("list events"))?;
+        let status = status.map_err(api("read the status ConfigMap"))?;
+        let machines = machines?;
+        let not_ready: std::collections::BTreeSet<String> = events
+            .items
+            .iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Node"))
+            .filter_map(|e| e.regarding.as_ref().and_then(|r| r.name.clone()))
+            .collect();
+        let backoff = status
+            .and_then(|cm| cm.data)
+            .and_then(|d| d.get("backoff").cloned())
+            .and_then(|b| serde_json::from_str(&b).ok())
+            .unwrap_or_default();
+        Ok(Snapshot {
+            nodes: nodes
+                .items
+                .iter()
+                .map(|n| model::node_view(n, &not_ready))
+                .collect(),
+            pods: pods.items.iter().filter_map(model::pod_view).collect(),
+            machines,
+            backoff,
+        })
+    }
+
+    async fn pass(self: Arc<Self>) -> Result<Vec<Action>> {
+        let started = Instant::now();
+        let snap = self.gather().await?;
+        let now = Timestamp::now();
+        let decided = Instant::now();
+        let actions = decide::decide(&snap, now, &self.settings);
+        self.metrics
+            .decision_seconds
+            .observe(decided.elapsed().as_secs_f64());
+        let states = decide::group_states(&snap, now, &self.settings);
+        let pending = snap.pods.iter().filter(|p| p.unschedulable).count();
+        self.metrics
+            .pending_pods
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        for (g, st) in &states {
+            self.metrics
+                .group_size
+                .get_or_create(&metrics::group(g))
+                .set(i64::from(st.size));
+        }
+        for a in &actions {
+            log_action(a, self.opts.dry_run);
+        }
+        if self.opts.dry_run {
+            return Ok(actions);
+        }
+        let mut backoff = snap.backoff.clone();
+        let pods_by_key: BTreeMap<String, &model::PodView> =
+            snap.pods.iter().map(|p| (p.key(), p)).collect();
+        let mut pod_events = 0usize;
+        let mut first_create: Option<Duration> = None;
+        for a in &actions {
+            if !self.is_leader() {
+                warn!("lost the Lease mid-pass; stopping");
+                break;
+            }
+            match a {
+                Action::Repair {
+                    group,
+                    machine,
+                    node,
+                    reason,
+                } => {
+                    self.repair(group, machine, node.as_deref(), *reason).await;
+                }
+                Action::BackOff {
+                    group,
+                    failures,
+                    until,
+                } => {
+                    backoff.insert(
+                        group.clone(),
+                        Backoff {
+                            failures: *failures,
+                            last_failure: Some(now),
+                            until: Some(*until),
+                        },
+                    );
+                }
+                Action::ClearBackOff { group } => {
+                    backoff.remove(group);
+                }
+                Action::DeleteNode { group, node } => {
+                    info!(
+                        group,
+                        node, "deleting the Node of a machine a scale-down removed"
+                    );
+                    self.delete_node(node).await;
+                }
+                Action::MarkUnneeded { node, since } => {
+                    self.annotate(node, Some(since.to_string())).await
+                }
+                Action::ClearUnneeded { node } => self.annotate(node, None).await,
+                Action::ScaleUp {
+                    group,
+                    count,
+                    reason,
+                    pods,
+                } => {
+                    let created = self
+                        .scale_up(group, *count, &mut backoff, now, started, &mut first_create)
+                        .await;
+                    for key in pods {
+                        if pod_events >= POD_EVENTS_PER_PASS {
+                            break;
+                        }
+                        if let Some(p) = pods_by_key.get(key) {
+                            pod_events += 1;
+                            let note = format!(
+                                "pod triggered scale-up: node group {group} +{created} ({reason:?})"
+                            );
+                            self.event(
+                                &pod_ref(p),
+                                EventType::Normal,
+                                "TriggeredScaleUp",
+                                "ScaleUp",
+                                note,
+                            )
+                            .await;
+                        }
+                    }
+                    if *reason != ScaleUpReason::PendingPods {
+                        debug!(group, count, ?reason, "scale-up without pods");
+                    }
+                }
+                Action::NoScaleUp { pod, reason } => {
+                    if pod_events < POD_EVENTS_PER_PASS
+                        && let Some(p) = pods_by_key.get(pod)
+                    {
+                        pod_events += 1;
+                        self.event(
+                            &pod_ref(p),
+                            EventType::Normal,
+                            "NotTriggerScaleUp",
+                            "ScaleUp",
+                            reason.clone(),
+                        )
+                        .await;
+                    }
+                }
+                Action::ScaleDown {
+                    group,
+                    node,
+                    machine,
+                    ..
+                } => {
+                    let fresh = lock(&self.draining).insert(node.clone());
+                    if fresh {
+                        let me = self.clone();
+                        let (group, node, machine) = (group.clone(), node.clone(), machine.clone());
+                        tokio::spawn(async move { me.scale_down(&group, &node, &machine).await });
+                    }
+                }
+            }
+        }
+        if let Some(d) = first_create {
+            self.metrics
+                .pending_to_create_seconds
+                .observe(d.as_secs_f64());
+        }
+        self.write_status(now, &states, &backoff, pending, &actions)
+            .await;
+        Ok(actions)
+    }
+
+    async fn annotate(&self, node: &str, value: Option<String>) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let patch = json!({"metadata": {"annotations": {UNNEEDED_SINCE: value}}});
+        if let Err(e) = nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            warn!(node, error = %e, "cannot update the unneeded-since annotation");
+        }
+    }
+
+    async fn delete_node(&self, node: &str) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        match nodes.delete(node, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => warn!(node, error = %e, "cannot delete the Node"),
+        }
+    }
+
+    async fn repair(
+        &self,
+        group: &str,
+        machine: &str,
+        node: Option<&str>,
+        reason: decide::RepairReason,
+    ) {
+        warn!(group, machine, node, %reason, "deleting a broken machine");
+        if let Some(n) = node {
+            self.event(
+                &node_ref(n),
+                EventType::Warning,
+                "DeletingBrokenMachine",
+                "Repair",
+                format!("nodeward scaler deletes machine {machine}: {reason}"),
+            )
+            .await;
+        }
+        match self.provider.delete(machine).await {
+            Ok(()) => {
+                if let Some(n) = node {
+                    self.delete_node(n).await;
+                }
+            }
+            Err(e) => {
+                self.metrics
+                    .failures
+                    .get_or_create(&metrics::failure(group, "repair"))
+                    .inc();
+                warn!(group, machine, error = %e, "cannot delete the broken machine; retrying next pass");
+            }
+        }
+    }
+
+    async fn scale_up(
+        &self,
+        group: &str,
+        count: u32,
+        backoff: &mut BTreeMap<String, Backoff>,
+        now: Timestamp,
+        started: Instant,
+        first_create: &mut Option<Duration>,
+    ) -> u32 {
+        let Some(g) = self.settings.groups.iter().find(|g| g.name == group) else {
+            return 0;
+        };
+        let Some(template) = self.templates.get(group) else {
+            return 0;
+        };
+        let ttl = jiff::SignedDuration::try_from(self.settings.token_ttl)
+            .unwrap_or(jiff::SignedDuration::from_secs(3600));
+        let expires = now.checked_add(ttl).unwrap_or(now);
+        let token = match token::mint(
+            &self.client,
+            expires,
+            &self.settings.token_extra_groups,
+            group,
+        )
+        .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                self.metrics
+                    .failures
+                    .get_or_create(&metrics::failure(group, "token"))
+                    .inc();
+                error!(group, error = %e, "cannot mint a bootstrap token; no machines created");
+                return 0;
+            }
+        };
+        info!(group, count, token_id = %token.id, "scaling up");
+        // Each machine is rendered just before its create, so the first request leaves after
+        // one render rather than after the whole batch's.
+        let spec = |()| -> Result<CreateSpec> {
+            let values = build_values(
+                &self.values_path,
+                &self.values_text,
+                g,
+                &self.settings,
+                &token,
+            )?;
+            let user_data = crate::render::render(&template.name, &template.text, &values)
+                .map_err(|source| Error::Render {
+                    group: group.to_string(),
+                    source,
+                })?;
+            Ok(CreateSpec {
+                group: group.to_string(),
+                hostname: values.hostname.clone(),
+                plan: g.plan.clone(),
+                region: g.region.clone(),
+                image: g.image.clone(),
+                ssh_keys: g.ssh_keys.clone(),
+                user_data: Secret::new(user_data),
+                tags: BTreeMap::from([
+                    (CLUSTER_TAG.to_string(), self.settings.cluster_name.clone()),
+                    (POOL_TAG.to_string(), group.to_string()),
+                ]),
+            })
+        };
+        let first_sent = Mutex::new(None::<Duration>);
+        let results: Vec<
+            std::result::Result<(String, provider::Result<model::MachineView>), Error>,
+        > = futures::stream::iter(std::iter::repeat_n((), count as usize))
+            .map(|()| {
+                let prepared = spec(());
+                let first_sent = &first_sent;
+                async move {
+                    let spec = prepared?;
+                    lock(first_sent).get_or_insert_with(|| started.elapsed());
+                    let host = spec.hostname.clone();
+                    Ok((host, self.provider.create(&spec).await))
+                }
+            })
+            .buffer_unordered(CREATE_CONCURRENCY)
+            .collect()
+            .await;
+        if let Some(d) = *lock(&first_sent) {
+            first_create.get_or_insert(d);
+        }
+        let mut created = 0;
+        for result in results {
+            let (host, r) = match result {
+                Ok(pair) => pair,
+                Err(e) => {
+                    self.metrics
+                        .failures
+                        .get_or_create(&metrics::failure(group, "render"))
+                        .inc();
+                    error!(group, error = %e, "cannot prepare a machine");
+                    continue;
+                }
+            };
+            match r {
+                Ok(m) => {
+                    created += 1;
+                    self.metrics
+                        .scale_ups
+                        .get_or_create(&metrics::group(group))
+                        .inc();
+                    info!(group, machine = %m.id, hostname = %m.hostname, "machine created");
+                }
+                Err(e) => {
+                    self.metrics
+                        .failures
+                        .get_or_create(&metrics::failure(group, "create"))
+                        .inc();
+                    warn!(group, hostname = %host, error = %e, retryable = e.is_retryable(), "cannot create a machine");
+                    if !e.is_retryable() {
+                        let prev = backoff.get(group).copied().unwrap_or_default();
+                        let failures = prev.failures.saturating_add(1);
+                        let d = jiff::SignedDuration::try_from(decide::backoff_for(
+                            failures,
+                            &self.settings,
+                        ))
+                        .unwrap_or(jiff::SignedDuration::MAX);
+                        backoff.insert(
+                            group.to_string(),
+                            Backoff {
+                                failures,
+                                last_failure: Some(now),
+                                until: now.checked_add(d).ok(),
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        created
+    }
+
+    async fn scale_down(&self, group: &str, node: &str, machine: &str) {
+        info!(group, node, machine, "scale-down: draining");
+        self.event(
+            &node_ref(node),
+            EventType::Normal,
+            "ScaleDown",
+            "ScaleDown",
+            format!("node unneeded: nodeward scaler drains it and deletes machine {machine} of group {group}"),
+        )
+        .await;
+        let result = crate::drain::drain(&self.client, node, &self.drain).await;
+        match result {
+            Ok(r) if r.outcome == DrainOutcome::Drained => {
+                match self.provider.delete(machine).await {
+                    Ok(()) => {
+                        self.delete_node(node).await;
+                        self.metrics
+                            .scale_downs
+                            .get_or_create(&metrics::group(group))
+                            .inc();
+                        info!(
+                            group,
+                            node,
+                            machine,
+                            evicted = r.evicted.len(),
+                            "scale-down: machine and Node deleted"
+                        );
+                    }
+                    Err(e) => {
+                        self.metrics
+                            .failures
+                            .get_or_create(&metrics::failure(group, "delete"))
+                            .inc();
+                        warn!(group, node, machine, error = %e, "scale-down: cannot delete the machine; the next pass retries");
+                    }
+                }
+            }
+            Ok(r) => {
+                self.metrics
+                    .failures
+                    .get_or_create(&metrics::failure(group, "drain"))
+                    .inc();
+                warn!(group, node, outcome = ?r.outcome, left_behind = r.left_behind.len(), refused = r.refused.len(), "scale-down: drain incomplete; giving the node back");
+                self.event(
+                    &node_ref(node),
+                    EventType::Warning,
+                    "ScaleDownFailed",
+                    "ScaleDown",
+                    format!("drain ended {:?}; node uncordoned", r.outcome),
+                )
+                .await;
+                if let Err(e) = crate::drain::uncordon(&self.client, node, false).await {
+                    warn!(node, error = %e, "cannot uncordon after a failed scale-down");
+                }
+                self.annotate(node, None).await;
+            }
+            Err(e) => {
+                self.metrics
+                    .failures
+                    .get_or_create(&metrics::failure(group, "drain"))
+                    .inc();
+                warn!(group, node, error = %e, "scale-down: drain failed; the next pass retries");
+            }
+        }
+        lock(&self.draining).remove(node);
+    }
+
+    async fn write_status(
+        &self,
+        now: Timestamp,
+        states: &BTreeMap<String, GroupState>,
+        backoff: &BTreeMap<String, Backoff>,
+        pending: usize,
+        actions: &[Action],
+    ) {
+        let mut text = format!(
+            "time: {now}\nleader: {}\npending_unschedulable_pods: {pending}\ngroups:\n",
+            self.opts.identity
+        );
+        for g in &self.settings.groups {
+            let st = states.get(&g.name).cloned().unwrap_or_default();
+            let until = backoff
+                .get(&g.name)
+                .and_then(|b| b.until)
+                .map_or("-".to_string(), |u| u.to_string());
+            text.push_str(&format!(
+                "  {}: {{size: {}, ready: {}, booting: {}, registering: {}, min: {}, max: {}, backoff_until: {until}}}\n",
+                g.name, st.size, st.ready, st.booting, st.registering, g.min, g.max
+            ));
+        }
+        text.push_str("last_actions:\n");
+        for a in actions
+            .iter()
+            .filter(|a| !matches!(a, Action::NoScaleUp { .. }))
+            .take(STATUS_ACTIONS)
+        {
+            text.push_str(&format!("  - {a:?}\n"));
+        }
+        let data = json!({
+            "status": text,
+            "backoff": serde_json::to_string(backoff).unwrap_or_default(),
+        });
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let patch = json!({"data": data});
+        match api
+            .patch(
+                STATUS_CONFIGMAP,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                let cm: ConfigMap = match serde_json::from_value(json!({
+                    "metadata": {"name": STATUS_CONFIGMAP, "namespace": self.settings.namespace},
+                    "data": data,
+                })) {
+                    Ok(cm) => cm,
+                    Err(e) => {
+                        warn!(error = %e, "cannot build the status ConfigMap");
+                        return;
+                    }
+                };
+                if let Err(e) = api.create(&PostParams::default(), &cm).await {
+                    warn!(error = %e, "cannot create the status ConfigMap");
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot write the status ConfigMap"),
+        }
+    }
+}
+
+fn log_action(a: &Action, dry_run: bool) {
+    match a {
+        Action::ScaleUp {
+            group,
+            count,
+            reason,
+            pods,
+        } => {
+            info!(dry_run, group, count, reason = ?reason, pods = pods.len(), "decision: scale up");
+        }
+        Action::NoScaleUp { pod, reason } => {
+            debug!(dry_run, pod, reason, "decision: no scale-up for pod")
+        }
+        Action::MarkUnneeded { node, since } => {
+            info!(dry_run, node, %since, "decision: node unneeded")
+        }
+        Action::ClearUnneeded { node } => info!(dry_run, node, "decision: node needed again"),
+        Action::ScaleDown {
+            group,
+            node,
+            machine,
+            empty,
+        } => {
+            info!(dry_run, group, node, machine, empty, "decision: scale down");
+        }
+        Action::Repair {
+            group,
+            machine,
+            node,
+            reason,
+        } => {
+            warn!(dry_run, group, machine, node, %reason, "decision: delete broken machine");
+        }
+        Action::BackOff {
+            group,
+            failures,
+            until,
+        } => {
+            warn!(dry_run, group, failures, %until, "decision: group backs off");
+        }
+        Action::ClearBackOff { group } => info!(dry_run, group, "decision: back-off cleared"),
+        Action::DeleteNode { group, node } => {
+            info!(dry_run, group, node, "decision: delete a left-behind Node")
+        }
+    }
+}

@@ -1,0 +1,743 @@
+//! The scaler end to end: kube-emulator for the API, cherry-emulator for the cloud, a machine
+//! simulator that boots servers only with a valid bootstrap token, and a scheduler stand-in.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cherry_emulator::machines::{SimOptions, Simulator, schedule_once};
+use cherry_emulator::{CherryEmulator, Fault, Options, PlanSpec};
+use kube_emulator::{Emulator, EmulatorHandle, EmulatorOptions};
+use nodeward::config::{Capacity, GroupSettings, Settings};
+use nodeward::scaler::provider::AnyProvider;
+use nodeward::scaler::run::{RunOptions, Scaler};
+use serde_json::{Value, json};
+
+const API_TOKEN: &str = "cherry-e2e-token-9f8e7d";
+const VALUES: &str = r#"
+api_server_endpoint = "10.0.0.10:6443"
+ca_cert_hashes = ["sha256:8c3d1e4f0a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d"]
+kubernetes_version = "v1.31.2"
+package_url = "https://downloads.example.com/nodeward/nodeward_0.1.0.{ext}"
+"#;
+
+struct Env {
+    kube: Arc<EmulatorHandle>,
+    cherry: Arc<CherryEmulator>,
+    settings: Settings,
+    _dir: tempfile::TempDir,
+    _scheduler: tokio::task::JoinHandle<()>,
+}
+
+fn group(name: &str, max: u32) -> GroupSettings {
+    let mut capacity = Capacity::default();
+    capacity.resources.cpu_milli = 4000;
+    capacity.resources.memory = 16 << 30;
+    capacity.resources.pods = 110;
+    GroupSettings {
+        name: name.into(),
+        min: 0,
+        max,
+        standby: 0,
+        priority: 0,
+        plan: "e5_1620v4".into(),
+        region: "eu_nord_1".into(),
+        image: "ubuntu_24_04".into(),
+        ssh_keys: vec!["1".into()],
+        labels: Default::default(),
+        taints: Vec::new(),
+        template: concat!(env!("CARGO_MANIFEST_DIR"), "/cloud-init/worker.yaml.tera").into(),
+        hostname_pattern: None,
+        capacity,
+    }
+}
+
+async fn env(tune: impl FnOnce(&mut Settings)) -> Env {
+    let kube = Arc::new(
+        Emulator::start(EmulatorOptions {
+            grace_scale: 0.001,
+            ..EmulatorOptions::default()
+        })
+        .await
+        .expect("kube emulator"),
+    );
+    let cherry = Arc::new(
+        CherryEmulator::start(Options {
+            token: API_TOKEN.into(),
+            project_id: 7,
+            plans: vec![PlanSpec {
+                slug: "e5_1620v4".into(),
+                cores: 4,
+                memory_gb: 16,
+            }],
+        })
+        .await
+        .expect("cherry emulator"),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let values = dir.path().join("values.toml");
+    std::fs::write(&values, VALUES).expect("values");
+    let mut settings = Settings::default();
+    let s = &mut settings.scaler;
+    s.cluster_name = "e2e".into();
+    s.values = values;
+    s.cherry.api_url = cherry.url();
+    s.cherry.project_id = Some(7);
+    s.cherry.request_timeout = Duration::from_secs(2);
+    s.scan_interval = Duration::from_millis(100);
+    s.lease_duration = Duration::from_secs(1);
+    s.metrics_address = None;
+    s.scale_down_unneeded_time = Duration::from_secs(1);
+    s.max_provision_time = Duration::from_secs(30);
+    s.backoff_initial = Duration::from_secs(2);
+    s.groups = vec![group("web", 5)];
+    settings.drain.timeout = Duration::from_secs(10);
+    tune(&mut settings);
+    let k2 = kube.clone();
+    let scheduler = tokio::spawn(async move {
+        loop {
+            schedule_once(&k2);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    Env {
+        kube,
+        cherry,
+        settings,
+        _dir: dir,
+        _scheduler: scheduler,
+    }
+}
+
+impl Env {
+    async fn scaler(&self, identity: &str, dry_run: bool) -> Scaler<AnyProvider> {
+        let client = nodeward::kube_client::client(Some(self.kube.kubeconfig_path()))
+            .await
+            .expect("client");
+        let provider =
+            nodeward::scaler::provider_from_settings(&self.settings.scaler, Some(API_TOKEN.into()))
+                .expect("provider");
+        Scaler::new(
+            client,
+            provider,
+            &self.settings,
+            RunOptions {
+                dry_run,
+                identity: identity.into(),
+            },
+        )
+        .await
+        .expect("scaler starts")
+    }
+
+    async fn spawn(&self, identity: &str) -> tokio::task::JoinHandle<()> {
+        let s = self.scaler(identity, false).await;
+        tokio::spawn(async move {
+            s.run(std::future::pending()).await.expect("scaler runs");
+        })
+    }
+
+    fn simulate(&self, opts: SimOptions) -> Simulator {
+        Simulator::start(self.cherry.clone(), self.kube.clone(), opts)
+    }
+
+    fn pod(&self, name: &str, cpu: &str) {
+        self.kube
+            .create(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default", "labels": {"app": "load"},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "load",
+                        "uid": "0123", "controller": true}]},
+                "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}]}
+            }))
+            .expect("pod");
+    }
+
+    fn servers(&self) -> Vec<Value> {
+        self.cherry.servers()
+    }
+
+    fn group_nodes(&self) -> Vec<String> {
+        self.kube
+            .list("nodes", None)
+            .iter()
+            .filter(|n| {
+                n.pointer("/metadata/labels/nodeward.io~1node-group")
+                    .is_some()
+            })
+            .filter_map(|n| {
+                n.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+
+    fn running_pods(&self) -> usize {
+        self.kube
+            .list("pods", Some("default"))
+            .iter()
+            .filter(|p| p.pointer("/spec/nodeName").is_some())
+            .count()
+    }
+
+    fn event_reasons(&self, kind: &str) -> Vec<String> {
+        self.kube
+            .list("events.events.k8s.io", None)
+            .iter()
+            .filter(|e| e.pointer("/regarding/kind").and_then(Value::as_str) == Some(kind))
+            .filter_map(|e| e.get("reason").and_then(Value::as_str).map(str::to_string))
+            .collect()
+    }
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_pods_get_machines_then_idle_nodes_go() {
+    let env = env(|_| {}).await;
+    let sim = env.simulate(SimOptions::default());
+    let scaler = env.spawn("replica-a").await;
+    // 6 pods of 1.5 CPU on 4-CPU nodes: two per node, three nodes.
+    for i in 0..6 {
+        env.pod(&format!("load-{i}"), "1500m");
+    }
+    wait_for("all pods running", Duration::from_secs(20), || {
+        env.running_pods() == 6
+    })
+    .await;
+    assert_eq!(
+        env.servers().len(),
+        3,
+        "first-fit-decreasing: 3 machines, no more"
+    );
+    assert_eq!(sim.report().booted.len(), 3);
+    assert!(
+        sim.report().refused.is_empty(),
+        "every token valid: {:?}",
+        sim.report().refused
+    );
+    for s in env.servers() {
+        assert_eq!(s["tags"]["k8s-cluster"], "e2e");
+        assert_eq!(s["tags"]["k8s-nodepool"], "web");
+    }
+    assert!(
+        env.event_reasons("Pod")
+            .iter()
+            .any(|r| r == "TriggeredScaleUp")
+    );
+    let status = env
+        .kube
+        .get("configmaps", Some("kube-system"), "nodeward-scaler-status")
+        .expect("status ConfigMap");
+    assert!(
+        status["data"]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("web:"),
+        "{status}"
+    );
+
+    // Load goes away: after the unneeded time every node is drained and deleted.
+    for i in 0..6 {
+        env.kube
+            .delete_with_grace("pods", Some("default"), &format!("load-{i}"), Some(0))
+            .expect("delete pod");
+    }
+    wait_for("machines deleted", Duration::from_secs(30), || {
+        env.servers().is_empty()
+    })
+    .await;
+    wait_for("nodes deleted", Duration::from_secs(10), || {
+        env.group_nodes().is_empty()
+    })
+    .await;
+    assert_eq!(env.cherry.deleted().len(), 3);
+    assert!(env.event_reasons("Node").iter().any(|r| r == "ScaleDown"));
+    scaler.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_that_never_boots_is_deleted_and_the_group_backs_off() {
+    let env = env(|s| {
+        s.scaler.max_provision_time = Duration::from_secs(1);
+        s.scaler.backoff_initial = Duration::from_secs(3);
+    })
+    .await;
+    let _sim = env.simulate(SimOptions {
+        never_boot: vec!["web".into()],
+        ..SimOptions::default()
+    });
+    let scaler = env.spawn("replica-a").await;
+    env.pod("stuck", "500m");
+    wait_for("the stuck machine deleted", Duration::from_secs(10), || {
+        env.cherry.deleted().len() == 1
+    })
+    .await;
+    let backoff = env
+        .kube
+        .get("configmaps", Some("kube-system"), "nodeward-scaler-status")
+        .and_then(|c| c["data"]["backoff"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    assert!(
+        backoff.contains("\"failures\":1"),
+        "back-off recorded: {backoff}"
+    );
+    // During the back-off nothing new is created.
+    let created_before = env.servers().len() + env.cherry.deleted().len();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        env.servers().len() + env.cherry.deleted().len(),
+        created_before,
+        "no create while backing off"
+    );
+    // After it, the group tries again.
+    wait_for("a second attempt", Duration::from_secs(10), || {
+        env.servers().len() + env.cherry.deleted().len() > created_before
+    })
+    .await;
+    scaler.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_errors_and_timeouts_create_no_duplicates() {
+    let env = env(|_| {}).await;
+    let _sim = env.simulate(SimOptions::default());
+    env.cherry.add_fault(Fault {
+        method: Some("POST".into()),
+        path_contains: "/servers".into(),
+        status: 500,
+        count: 3,
+    });
+    env.cherry.add_fault(Fault {
+        method: Some("GET".into()),
+        path_contains: "/servers".into(),
+        status: 503,
+        count: 2,
+    });
+    let scaler = env.spawn("replica-a").await;
+    for i in 0..4 {
+        env.pod(&format!("load-{i}"), "1500m");
+    }
+    wait_for("pods running despite 500s", Duration::from_secs(20), || {
+        env.running_pods() == 4
+    })
+    .await;
+    assert_eq!(env.servers().len(), 2, "exactly the machines needed");
+    // Slow API: requests time out; nothing is created twice when it recovers.
+    env.cherry.set_latency(Duration::from_secs(3));
+    for i in 4..6 {
+        env.pod(&format!("load-{i}"), "1500m");
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    env.cherry.set_latency(Duration::ZERO);
+    wait_for(
+        "pods running after the slow spell",
+        Duration::from_secs(20),
+        || env.running_pods() == 6,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        env.servers().len(),
+        3,
+        "a create that timed out but happened is not repeated"
+    );
+    scaler.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_mid_scale_up_creates_no_duplicates() {
+    let env = env(|_| {}).await;
+    let _sim = env.simulate(SimOptions {
+        boot_after: Duration::from_secs(3),
+        ..SimOptions::default()
+    });
+    let first = env.spawn("replica-a").await;
+    for i in 0..4 {
+        env.pod(&format!("load-{i}"), "3")
+    }
+    wait_for("machines created", Duration::from_secs(10), || {
+        env.servers().len() == 4
+    })
+    .await;
+    first.abort();
+    let second = env.spawn("replica-b").await;
+    wait_for("the new replica leads", Duration::from_secs(10), || {
+        env.kube
+            .get("leases", Some("kube-system"), "nodeward-scaler")
+            .is_some_and(|l| l["spec"]["holderIdentity"] == "replica-b")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        env.servers().len(),
+        4,
+        "several passes later: still 4 machines"
+    );
+    wait_for("pods running", Duration::from_secs(20), || {
+        env.running_pods() == 4
+    })
+    .await;
+    assert_eq!(
+        env.servers().len(),
+        4,
+        "the new replica resumed the in-flight machines"
+    );
+    second.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_never_both_act() {
+    let env = env(|_| {}).await;
+    let _sim = env.simulate(SimOptions::default());
+    let a = env.scaler("replica-a", false).await;
+    let b = env.scaler("replica-b", false).await;
+    let (ma, mb) = (a.metrics(), b.metrics());
+    let ta = tokio::spawn(async move { a.run(std::future::pending()).await.expect("a") });
+    let tb = tokio::spawn(async move { b.run(std::future::pending()).await.expect("b") });
+    for i in 0..6 {
+        env.pod(&format!("load-{i}"), "1500m");
+    }
+    wait_for("pods running", Duration::from_secs(20), || {
+        env.running_pods() == 6
+    })
+    .await;
+    assert_eq!(env.servers().len(), 3, "two replicas, one set of machines");
+    let leaders = [ma.render(), mb.render()]
+        .iter()
+        .filter(|m| m.lines().any(|l| l == "nodeward_scaler_leader 1"))
+        .count();
+    assert_eq!(leaders, 1, "exactly one leader");
+    let lease = env
+        .kube
+        .get("leases", Some("kube-system"), "nodeward-scaler")
+        .expect("lease");
+    let holder = lease["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // The leader dies; the other takes over after the Lease expires and acts.
+    if holder == "replica-a" {
+        ta.abort();
+    } else {
+        tb.abort();
+    }
+    for i in 6..8 {
+        env.pod(&format!("load-{i}"), "1500m");
+    }
+    wait_for(
+        "the follower took over and scaled up",
+        Duration::from_secs(20),
+        || env.running_pods() == 8,
+    )
+    .await;
+    let lease = env
+        .kube
+        .get("leases", Some("kube-system"), "nodeward-scaler")
+        .expect("lease");
+    assert_ne!(
+        lease["spec"]["holderIdentity"].as_str().unwrap_or_default(),
+        holder
+    );
+    assert_eq!(env.servers().len(), 4);
+    ta.abort();
+    tb.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_changes_nothing() {
+    let env = env(|_| {}).await;
+    let s = env.scaler("dry", true).await;
+    env.pod("load-0", "1");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let actions = s.pass_once().await.expect("pass");
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, nodeward::scaler::Action::ScaleUp { .. })),
+        "the decision is made: {actions:?}"
+    );
+    assert!(env.servers().is_empty(), "but nothing is created");
+    assert!(
+        env.kube.list("secrets", Some("kube-system")).is_empty(),
+        "and no token minted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_is_held_by_one_identity_at_a_time() {
+    use nodeward::scaler::lease::Elector;
+    let env = env(|_| {}).await;
+    let client = nodeward::kube_client::client(Some(env.kube.kubeconfig_path()))
+        .await
+        .expect("client");
+    let d = Duration::from_secs(1);
+    let a = Elector::new(client.clone(), "kube-system", "l", "a", d);
+    let b = Elector::new(client, "kube-system", "l", "b", d);
+    let (ra, rb) = tokio::join!(a.try_acquire(), b.try_acquire());
+    assert_eq!(
+        u8::from(ra.is_some()) + u8::from(rb.is_some()),
+        1,
+        "one wins the create race"
+    );
+    let (winner, loser) = if ra.is_some() { (&a, &b) } else { (&b, &a) };
+    for _ in 0..3 {
+        assert!(winner.try_acquire().await.is_some(), "the holder renews");
+        assert!(
+            loser.try_acquire().await.is_none(),
+            "the other follows a live Lease"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(
+        loser.try_acquire().await.is_some(),
+        "after expiry the other takes over"
+    );
+    assert!(
+        winner.try_acquire().await.is_none(),
+        "and the old holder follows"
+    );
+}
+
+/// The real binary at trace level: neither the provider token nor any bootstrap token (nor its
+/// secret half) appears in anything it logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_never_reach_the_logs() {
+    let env = env(|_| {}).await;
+    let _sim = env.simulate(SimOptions::default());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("cherry-token");
+    std::fs::write(&token_file, API_TOKEN).expect("token file");
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[scaler]
+cluster_name = "e2e"
+scan_interval = "100ms"
+lease_duration = "1s"
+metrics_address = "127.0.0.1:0"
+values = "{values}"
+[scaler.cherry]
+api_url = "{url}"
+project_id = 7
+token_file = "{token}"
+[[scaler.groups]]
+name = "web"
+max = 3
+plan = "e5_1620v4"
+region = "eu_nord_1"
+image = "ubuntu_24_04"
+template = "{template}"
+"#,
+            values = env.settings.scaler.values.display(),
+            url = env.cherry.url(),
+            token = token_file.display(),
+            template = concat!(env!("CARGO_MANIFEST_DIR"), "/cloud-init/worker.yaml.tera"),
+        ),
+    )
+    .expect("config");
+    let log = dir.path().join("stderr");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--log-level", "trace", "scaler", "--kubeconfig"])
+        .arg(env.kube.kubeconfig_path())
+        .env_remove("JOURNAL_STREAM")
+        .env_remove("NODEWARD_CONFIG")
+        .env_remove("CHERRY_AUTH_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("start nodeward scaler");
+    env.pod("load-0", "1500m");
+    env.pod("load-1", "3");
+    let started = Instant::now();
+    while env.running_pods() < 2 && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).expect("log");
+    let tail: String = text
+        .lines()
+        .filter(|l| !l.contains("TRACE"))
+        .rev()
+        .take(30)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(
+        env.running_pods(),
+        2,
+        "pods did not run; log (last lines, reversed):\n{tail}"
+    );
+    assert!(
+        text.contains("machine created"),
+        "the log was captured: {}",
+        &text[..text.len().min(2000)]
+    );
+    assert!(
+        !text.contains(API_TOKEN),
+        "the provider token is in the log"
+    );
+    let secrets = env.kube.list("secrets", Some("kube-system"));
+    assert!(!secrets.is_empty(), "tokens were minted");
+    for s in secrets {
+        let secret = s
+            .pointer("/data/token-secret")
+            .and_then(Value::as_str)
+            .and_then(cherry_emulator::decode_base64)
+            .expect("token-secret");
+        assert!(
+            !text.contains(&secret),
+            "a bootstrap token secret is in the log"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let env = env(|s| s.scaler.metrics_address = Some(([127, 0, 0, 1], port).into())).await;
+    let _sim = env.simulate(SimOptions::default());
+    let scaler = env.spawn("replica-a").await;
+    env.pod("load-0", "1");
+    wait_for("pod running", Duration::from_secs(20), || {
+        env.running_pods() == 1
+    })
+    .await;
+    let get = |path: &'static str| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        out
+    };
+    let wants = [
+        "nodeward_scaler_pending_pods 0",
+        "nodeward_scaler_group_nodes{group=\"web\"} 1",
+        "nodeward_scaler_scale_ups_total{group=\"web\"} 1",
+        "nodeward_scaler_decision_seconds_count",
+        "nodeward_scaler_leader 1",
+    ];
+    // The gauges follow the pass after the pod ran; give it a few passes.
+    let started = Instant::now();
+    let mut body = get("/metrics").await;
+    while !wants.iter().all(|w| body.contains(w)) && started.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        body = get("/metrics").await;
+    }
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    for want in wants {
+        assert!(body.contains(want), "{want} missing from:\n{body}");
+    }
+    assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
+    scaler.abort();
+}
+
+#[test]
+fn nodes_flag_must_name_a_configured_group() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[[scaler.groups]]\nname = \"web\"\nmax = 3\n").expect("config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .arg("--config")
+        .arg(&config)
+        .args(["scaler", "--nodes", "1:2:gpu"])
+        .env_remove("NODEWARD_CONFIG")
+        .output()
+        .expect("run nodeward");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--nodes \"1:2:gpu\"") && err.contains("configured: web"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_the_agent_reports_not_ready_in_time_is_replaced() {
+    let env = env(|s| s.scaler.max_provision_time = Duration::from_secs(60)).await;
+    let sim = env.simulate(SimOptions {
+        // The agent never removes the startup taint on these machines.
+        ready_after: Duration::from_secs(3600),
+        ..SimOptions::default()
+    });
+    let scaler = env.spawn("replica-a").await;
+    env.pod("load-0", "1");
+    wait_for("a node registered", Duration::from_secs(10), || {
+        !sim.report().booted.is_empty()
+    })
+    .await;
+    let node = sim.report().booted[0].clone();
+    env.kube
+        .create(json!({
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": format!("{node}.not-ready"), "namespace": "default"},
+            "eventTime": "2026-01-01T00:00:00.000000Z",
+            "reportingController": "nodeward", "reportingInstance": node,
+            "action": "Gate", "reason": "NodeNotReadyInTime", "type": "Warning",
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "note": "readiness gates did not pass within the deadline"
+        }))
+        .expect("event");
+    wait_for(
+        "the machine deleted long before max_provision_time",
+        Duration::from_secs(10),
+        || env.cherry.deleted().len() == 1,
+    )
+    .await;
+    wait_for("its Node deleted", Duration::from_secs(10), || {
+        env.kube.get("nodes", None, &node).is_none()
+    })
+    .await;
+    scaler.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_shutdown_releases_the_lease() {
+    let env = env(|_| {}).await;
+    let s = env.scaler("replica-a", false).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        s.run(async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let holder = || {
+        env.kube
+            .get("leases", Some("kube-system"), "nodeward-scaler")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+    };
+    wait_for("leader", Duration::from_secs(10), || {
+        holder().as_deref() == Some("replica-a")
+    })
+    .await;
+    let _ = stop.send(());
+    task.await.expect("joins").expect("clean stop");
+    assert_eq!(
+        holder(),
+        None,
+        "the Lease is free for the next replica at once"
+    );
+}

@@ -1,0 +1,244 @@
+//! The providers against their real counterparts: the Cherry Servers client against the API
+//! emulator over HTTP, the exec provider against a real program speaking the JSON protocol.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cherry_emulator::{CherryEmulator, Fault, Options, PlanSpec};
+use nodeward::config::{CherrySettings, ExecSettings};
+use nodeward::scaler::provider::cherry::Cherry;
+use nodeward::scaler::provider::exec::Exec;
+use nodeward::scaler::provider::{CLUSTER_TAG, CreateSpec, POOL_TAG, Provider};
+use nodeward::secret::Secret;
+
+const API_TOKEN: &str = "cherry-api-token-s3cr3t";
+const USER_DATA: &str = "#cloud-config\n# token abcdef.0123456789abcdef\n";
+
+async fn emulator() -> CherryEmulator {
+    CherryEmulator::start(Options {
+        token: API_TOKEN.into(),
+        project_id: 7,
+        plans: vec![PlanSpec {
+            slug: "e5_1620v4".into(),
+            cores: 8,
+            memory_gb: 32,
+        }],
+    })
+    .await
+    .expect("cherry emulator")
+}
+
+fn cherry_settings(url: String) -> CherrySettings {
+    CherrySettings {
+        api_url: url,
+        project_id: Some(7),
+        token_file: None,
+        request_timeout: Duration::from_secs(5),
+    }
+}
+
+fn spec(group: &str, hostname: &str) -> CreateSpec {
+    CreateSpec {
+        group: group.into(),
+        hostname: hostname.into(),
+        plan: "e5_1620v4".into(),
+        region: "eu_nord_1".into(),
+        image: "ubuntu_24_04".into(),
+        ssh_keys: vec!["12".into()],
+        user_data: Secret::new(USER_DATA.into()),
+        tags: BTreeMap::from([
+            (CLUSTER_TAG.to_string(), "prod".to_string()),
+            (POOL_TAG.to_string(), group.to_string()),
+        ]),
+    }
+}
+
+#[tokio::test]
+async fn cherry_create_list_delete_and_plans() {
+    let emu = emulator().await;
+    let other = emu.insert_server(
+        "someone-elses",
+        serde_json::json!({CLUSTER_TAG: "other", POOL_TAG: "web"}),
+    );
+    let c =
+        Cherry::new(&cherry_settings(emu.url()), "prod", Some(API_TOKEN.into())).expect("client");
+    let m = c
+        .create(&spec("web", "k8s-prod-web-1"))
+        .await
+        .expect("create");
+    assert_eq!(
+        (m.group.as_str(), m.hostname.as_str()),
+        ("web", "k8s-prod-web-1")
+    );
+    let id: u64 = m.id.parse().expect("numeric id");
+    assert_eq!(
+        emu.user_data(id).as_deref(),
+        Some(USER_DATA),
+        "user data arrives base64-decodable"
+    );
+    let listed = c.list().await.expect("list");
+    assert_eq!(
+        listed.len(),
+        1,
+        "only this cluster's tagged servers: {listed:?}"
+    );
+    c.delete(&m.id).await.expect("delete");
+    c.delete(&m.id)
+        .await
+        .expect("deleting a gone server is fine");
+    assert!(c.list().await.expect("list").is_empty());
+    assert_eq!(emu.deleted(), vec![id], "server {other} untouched");
+    let cap = c
+        .plan_capacity("e5_1620v4")
+        .await
+        .expect("plans")
+        .expect("plan known");
+    assert_eq!((cap.cpu_milli, cap.memory), (8000, 32 << 30));
+    assert!(emu.requests().iter().all(|r| r.authorized));
+}
+
+#[tokio::test]
+async fn cherry_errors_are_classified() {
+    let emu = emulator().await;
+    let c =
+        Cherry::new(&cherry_settings(emu.url()), "prod", Some(API_TOKEN.into())).expect("client");
+    emu.add_fault(Fault {
+        method: Some("POST".into()),
+        path_contains: "/servers".into(),
+        status: 500,
+        count: 1,
+    });
+    let e = c.create(&spec("web", "h1")).await.expect_err("500");
+    assert!(e.is_retryable(), "{e}");
+    assert!(c.create(&spec("web", "h1")).await.is_ok(), "fault used up");
+
+    let wrong = Cherry::new(
+        &cherry_settings(emu.url()),
+        "prod",
+        Some("zz-bogus-token".into()),
+    )
+    .expect("client");
+    let e = wrong.list().await.expect_err("401");
+    assert!(!e.is_retryable() && e.to_string().contains("401"), "{e}");
+    assert!(
+        !e.to_string().contains("zz-bogus-token"),
+        "the token is not in the error: {e}"
+    );
+
+    let mut slow = cherry_settings(emu.url());
+    slow.request_timeout = Duration::from_millis(200);
+    emu.set_latency(Duration::from_secs(2));
+    let c = Cherry::new(&slow, "prod", Some(API_TOKEN.into())).expect("client");
+    let e = c.list().await.expect_err("timeout");
+    assert!(e.is_retryable(), "{e}");
+    assert!(!e.to_string().contains(API_TOKEN));
+}
+
+#[test]
+fn cherry_needs_project_and_token() {
+    let mut s = cherry_settings("http://127.0.0.1:1/v1/".into());
+    let e = Cherry::new(&s, "prod", None).expect_err("no token");
+    assert!(e.to_string().contains("CHERRY_AUTH_TOKEN"), "{e}");
+    s.project_id = None;
+    let e = Cherry::new(&s, "prod", Some("t".into())).expect_err("no project");
+    assert!(e.to_string().contains("project_id"), "{e}");
+}
+
+/// A fake cloud CLI: keeps machines in a JSON file and records its argv, environment and stdin.
+const FAKE_CLOUD: &str = r#"
+import json, os, sys, datetime
+state_path, log_dir = sys.argv[1], sys.argv[2]
+action = os.environ.get("NODEWARD_ACTION", "")
+data = sys.stdin.read()
+with open(os.path.join(log_dir, "argv"), "a") as f: f.write(" ".join(sys.argv) + "\n")
+with open(os.path.join(log_dir, "env"), "a") as f: f.write("\n".join(k + "=" + v for k, v in os.environ.items()) + "\n")
+with open(os.path.join(log_dir, "stdin-" + action), "w") as f: f.write(data)
+req = json.loads(data)
+machines = json.load(open(state_path)) if os.path.exists(state_path) else []
+if action == "list":
+    print(json.dumps([m for m in machines if m["cluster"] == req["cluster"]]))
+elif action == "create":
+    if req["group"] == "broken":
+        sys.stderr.write("quota exceeded for " + req["user_data"][:10] + "\n"); sys.exit(3)
+    m = {"id": "vm-%d" % (len(machines) + 1), "hostname": req["hostname"], "group": req["group"],
+         "cluster": req["cluster"], "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    machines.append(m); json.dump(machines, open(state_path, "w")); print(json.dumps(m))
+elif action == "delete":
+    json.dump([m for m in machines if m["id"] != req["id"]], open(state_path, "w"))
+"#;
+
+fn python() -> String {
+    let ok = std::process::Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "this test needs python3 for its fake cloud CLI: apt-get install python3"
+    );
+    "python3".into()
+}
+
+#[tokio::test]
+async fn exec_provider_speaks_json_and_keeps_user_data_off_argv_and_env() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("cloud.py");
+    std::fs::write(&script, FAKE_CLOUD).expect("script");
+    let state = dir.path().join("state.json");
+    let argv = |action: &str| {
+        vec![
+            python(),
+            script.display().to_string(),
+            state.display().to_string(),
+            dir.path().display().to_string(),
+            action.to_string(),
+        ]
+    };
+    let settings = ExecSettings {
+        create: argv("create"),
+        delete: argv("delete"),
+        list: argv("list"),
+        timeout: Duration::from_secs(20),
+    };
+    let p = Exec::new(&settings, "prod").expect("exec provider");
+    let m = p
+        .create(&spec("web", "k8s-prod-web-1"))
+        .await
+        .expect("create");
+    assert_eq!((m.id.as_str(), m.group.as_str()), ("vm-1", "web"));
+    assert_eq!(p.list().await.expect("list").len(), 1);
+    p.delete("vm-1").await.expect("delete");
+    assert!(p.list().await.expect("list").is_empty());
+    let e = p.create(&spec("broken", "h")).await.expect_err("exit 3");
+    assert!(e.to_string().contains("quota exceeded"), "{e}");
+
+    let stdin: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("stdin-create")).expect("stdin"),
+    )
+    .expect("json");
+    let b64 = stdin["user_data"].as_str().expect("user_data");
+    assert!(!b64.is_empty());
+    for file in ["argv", "env"] {
+        let text = std::fs::read_to_string(dir.path().join(file)).expect("log");
+        assert!(
+            !text.contains("abcdef.0123456789abcdef"),
+            "bootstrap token in {file}"
+        );
+        assert!(!text.contains(b64), "user data in {file}");
+    }
+}
+
+#[tokio::test]
+async fn exec_provider_times_out() {
+    let settings = ExecSettings {
+        create: vec!["sleep".into(), "5".into()],
+        delete: vec!["true".into()],
+        list: vec!["sleep".into(), "5".into()],
+        timeout: Duration::from_millis(200),
+    };
+    let p = Exec::new(&settings, "prod").expect("exec provider");
+    let started = std::time::Instant::now();
+    let e = p.list().await.expect_err("timeout");
+    assert!(e.to_string().contains("did not finish"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
