@@ -366,10 +366,23 @@ async fn status(config: Option<&Path>) -> anyhow::Result<u8> {
     Ok(EXIT_OK)
 }
 
+/// Name of the provider token among systemd credentials (`LoadCredential=scaler-token:…`).
+const SCALER_CREDENTIAL: &str = "scaler-token";
+
 async fn scaler(config: Option<&Path>, args: ScalerArgs) -> anyhow::Result<u8> {
     let (mut settings, _) = crate::config::load(config)?;
     for spec in &args.nodes {
         crate::scaler::apply_nodes_flag(&mut settings.scaler, spec)?;
+    }
+    // systemd's LoadCredential= (nodeward-scaler.service) and the Deployment's Secret mount both
+    // put the provider token in $CREDENTIALS_DIRECTORY/scaler-token.
+    if settings.scaler.cherry.token_file.is_none()
+        && let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY")
+    {
+        let path = Path::new(&dir).join(SCALER_CREDENTIAL);
+        if path.exists() {
+            settings.scaler.cherry.token_file = Some(path);
+        }
     }
     let client = crate::kube_client::client(
         args.kubeconfig

@@ -253,3 +253,49 @@ fn scaler_errors_name_the_key_and_form() {
         }
     }
 }
+
+/// The scaler ConfigMap shipped in packaging/kubernetes/ holds a config the real parser accepts,
+/// and values the real renderer accepts with the shipped template.
+#[test]
+fn shipped_scaler_configmap_is_valid() {
+    let yaml = include_str!("../../packaging/kubernetes/scaler.yaml");
+    let docs: Vec<serde_norway::Value> = serde_norway::Deserializer::from_str(yaml)
+        .map(|d| serde::Deserialize::deserialize(d).expect("yaml document"))
+        .collect();
+    let data = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .map(|d| &d["data"])
+        .expect("a ConfigMap");
+    let config = data["config.toml"].as_str().expect("config.toml");
+    let s = parse(&[src("scaler.yaml:config.toml", config)]).expect("config parses");
+    assert_eq!(s.scaler.groups.len(), 1);
+    assert_eq!(s.scaler.groups[0].name, "workers");
+    let values = data["scaler-values.toml"]
+        .as_str()
+        .expect("scaler-values.toml");
+    let template = data["worker.yaml.tera"].as_str().expect("worker.yaml.tera");
+    assert_eq!(
+        template,
+        include_str!("../../cloud-init/worker.yaml.tera"),
+        "the ConfigMap carries the shipped template"
+    );
+    let sets = [
+        "cluster_name=prod".to_string(),
+        "node_group=workers".to_string(),
+    ];
+    let v = crate::render::Values::build(
+        crate::render::values::Inputs {
+            file: Some((Path::new("scaler-values.toml"), values)),
+            sets: &sets,
+            token: Some(crate::render::values::TokenSource {
+                origin: "test".into(),
+                token: crate::secret::Secret::new("abcdef.0123456789abcdef".into()),
+            }),
+        },
+        "r4nd0m8x",
+    )
+    .expect("values valid");
+    let out = crate::render::render("worker.yaml.tera", template, &v).expect("renders");
+    crate::render::check("worker.yaml.tera", &out).expect("valid user data");
+}
