@@ -8,6 +8,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod drain;
+pub mod events;
 pub mod fsutil;
 pub mod gate;
 pub mod kube_client;

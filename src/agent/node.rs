@@ -2,9 +2,9 @@
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Taint};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::state::CordonView;
 use crate::drain::cordon;
@@ -16,8 +16,6 @@ pub const STARTUP_TAINT_EFFECT: &str = "NoSchedule";
 const PATCH_ATTEMPTS: usize = 5;
 /// Field manager for the agent's writes.
 const FIELD_MANAGER: &str = "nodeward-agent";
-/// The API caps an Event note at 1 kB.
-const EVENT_NOTE_MAX: usize = 1000;
 
 /// Errors writing the Node.
 #[derive(Debug, thiserror::Error)]
@@ -156,39 +154,19 @@ pub async fn set_startup_taint(
 
 /// Publishes an Event about the Node (best effort: a failure is logged).
 pub async fn event(client: &kube::Client, node: &str, warning: bool, reason: &str, note: String) {
-    let reporter = Reporter {
-        controller: "nodeward".into(),
-        instance: crate::drain::exec::hostname(),
-    };
-    let recorder = Recorder::new(client.clone(), reporter);
     let reference = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
         name: Some(node.into()),
         ..ObjectReference::default()
     };
-    let mut note = note;
-    if note.len() > EVENT_NOTE_MAX {
-        let mut cut = EVENT_NOTE_MAX;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-    }
-    let ev = Event {
-        type_: if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: reason.into(),
-        note: Some(note),
-        action: "Gate".into(),
-        secondary: None,
+    let type_ = if warning {
+        EventType::Warning
+    } else {
+        EventType::Normal
     };
-    if let Err(e) = recorder.publish(&ev, &reference).await {
-        warn!(node, reason, error = %e, "cannot publish event");
-    }
+    let recorder = crate::events::recorder(client, "nodeward", None);
+    crate::events::publish(&recorder, &reference, type_, reason, "Gate", note).await;
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::watcher::{self, watcher};
 use kube::{Client, Resource};
 use serde_json::json;
@@ -43,8 +43,6 @@ const RETRY_CAP: Duration = Duration::from_secs(5);
 const PATCH_ATTEMPTS: usize = 5;
 /// Progress lines at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
-/// An Event note is capped by the API at 1 kB.
-const EVENT_NOTE_MAX: usize = 1000;
 
 /// Errors that stop a drain, cordon or uncordon.
 #[derive(Debug, thiserror::Error)]
@@ -520,15 +518,11 @@ struct Drain<'a> {
 
 impl<'a> Drain<'a> {
     fn new(client: &'a Client, node: &'a str, opts: &'a DrainOptions) -> Self {
-        let reporter = Reporter {
-            controller: "nodeward".into(),
-            instance: hostname(),
-        };
         Self {
             client,
             node,
             opts,
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: crate::events::recorder(client, "nodeward", None),
             node_ref: None,
             tracked: BTreeMap::new(),
             skipped: Vec::new(),
@@ -538,26 +532,8 @@ impl<'a> Drain<'a> {
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {
-        let Some(reference) = &self.node_ref else {
-            return;
-        };
-        let mut note = note;
-        if note.len() > EVENT_NOTE_MAX {
-            let mut cut = EVENT_NOTE_MAX;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Drain".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, reference).await {
-            warn!(node = self.node, reason, error = %e, "cannot publish event");
+        if let Some(reference) = &self.node_ref {
+            crate::events::publish(&self.recorder, reference, type_, reason, "Drain", note).await;
         }
     }
 

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder};
 use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, error, info, instrument, warn};
@@ -239,14 +239,14 @@ impl<P: Provider + 'static> Scaler<P> {
             templates.insert(g.name.clone(), template);
         }
         s.groups = groups;
-        let reporter = Reporter {
-            controller: "nodeward-scaler".into(),
-            instance: Some(opts.identity.clone()),
-        };
         let drain = DrainOptions::from_settings(&settings.drain, SCALE_DOWN_REASON);
         Ok(Self {
             inner: Arc::new(Inner {
-                recorder: Recorder::new(client.clone(), reporter),
+                recorder: crate::events::recorder(
+                    &client,
+                    "nodeward-scaler",
+                    Some(opts.identity.clone()),
+                ),
                 client,
                 provider,
                 settings: s,
@@ -411,16 +411,7 @@ impl<P: Provider + 'static> Inner<P> {
         action: &str,
         note: String,
     ) {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: action.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, reference).await {
-            debug!(reason, error = %e, "cannot publish event");
-        }
+        crate::events::publish(&self.recorder, reference, type_, reason, action, note).await;
     }
 
     #[instrument(skip(self), err)]

@@ -1,0 +1,66 @@
+//! Kubernetes Events, the one place nodeward tells a cluster's users what it did to a node or a
+//! pod (`kubectl describe node` shows them). Publishing is best effort: an Event that cannot be
+//! written is logged and never fails the drain, gate or scale-up that wanted to report it.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tracing::warn;
+
+/// The API refuses Event notes over 1 kB.
+pub const NOTE_MAX: usize = 1000;
+
+/// A recorder reporting as `controller` from this host (or `instance`, when given).
+pub fn recorder(client: &kube::Client, controller: &str, instance: Option<String>) -> Recorder {
+    let reporter = Reporter {
+        controller: controller.into(),
+        instance: instance.or_else(crate::drain::exec::hostname),
+    };
+    Recorder::new(client.clone(), reporter)
+}
+
+/// `note` cut to [`NOTE_MAX`] bytes on a character boundary.
+pub fn fit_note(mut note: String) -> String {
+    if note.len() > NOTE_MAX {
+        let mut cut = NOTE_MAX;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+    }
+    note
+}
+
+/// Publishes one Event about `reference`; failures are logged, not returned.
+pub async fn publish(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(fit_note(note)),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, reference).await {
+        warn!(reason, object = ?reference.name, error = %e, "cannot publish event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_are_cut_on_a_character_boundary() {
+        assert_eq!(fit_note("short".into()), "short");
+        let long = "é".repeat(NOTE_MAX);
+        let cut = fit_note(long);
+        assert!(cut.len() <= NOTE_MAX && cut.len() >= NOTE_MAX - 1);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
+}
