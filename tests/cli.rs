@@ -55,6 +55,10 @@ fn render_args<'a>(template: &'a str, values: &'a str, token: &'a str) -> Vec<&'
     ]
 }
 
+fn owned(args: Vec<&str>) -> Vec<String> {
+    args.into_iter().map(str::to_string).collect()
+}
+
 #[test]
 fn example_renders_to_the_golden_file() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -178,35 +182,23 @@ fn bad_inputs_fail_with_a_named_problem_and_no_secret() {
     let s = |p: &Path| p.to_str().expect("utf8").to_string();
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
-            render_args(&s(&template), &s(&values), &s(&bad_tok))
-                .iter()
-                .map(|a| a.to_string())
-                .collect(),
+            owned(render_args(&s(&template), &s(&values), &s(&bad_tok))),
             "[a-z0-9]{6}.[a-z0-9]{16}",
         ),
         (
-            render_args(&s(&template), &s(&bad_ca), &s(&good_tok))
-                .iter()
-                .map(|a| a.to_string())
-                .collect(),
+            owned(render_args(&s(&template), &s(&bad_ca), &s(&good_tok))),
             "sha256:<64 hex digits>",
         ),
         (
-            render_args(&s(&undefined), &s(&values), &s(&good_tok))
-                .iter()
-                .map(|a| a.to_string())
-                .collect(),
+            owned(render_args(&s(&undefined), &s(&values), &s(&good_tok))),
             "undefined.tera:3: undefined variable `extra.rack`",
         ),
         (
-            render_args(&s(&syntax), &s(&values), &s(&good_tok))
-                .iter()
-                .map(|a| a.to_string())
-                .collect(),
+            owned(render_args(&s(&syntax), &s(&values), &s(&good_tok))),
             "syntax.tera:3:",
         ),
         (
-            [
+            owned(vec![
                 "render",
                 "--template",
                 &s(&template),
@@ -214,10 +206,7 @@ fn bad_inputs_fail_with_a_named_problem_and_no_secret() {
                 &s(&values),
                 "--set",
                 &format!("bootstrap_token={TOKEN}"),
-            ]
-            .iter()
-            .map(|a| a.to_string())
-            .collect(),
+            ]),
             "--token-file",
         ),
     ];
