@@ -567,29 +567,7 @@ async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
     wait_node(&emu, "schedulable", schedulable).await;
 
     // A stand-in ReplicaSet controller: replacements on worker-2 so the budget reopens.
-    let emu2 = emu.clone();
-    let controller = tokio::spawn(async move {
-        let mut done = std::collections::HashSet::new();
-        loop {
-            for p in emu2.list("pods", Some("default")) {
-                let name = p
-                    .pointer("/metadata/name")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or_default()
-                    .to_string();
-                if p.pointer("/metadata/deletionTimestamp").is_some() && done.insert(name.clone()) {
-                    let _ = emu2.seed_pod(
-                        PodSeed::new("default", &format!("{name}-r"))
-                            .node("worker-2")
-                            .label("app", "web")
-                            .owner("ReplicaSet", "web")
-                            .ready(true),
-                    );
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
+    let controller = kube_emulator::standin::replace_terminating(&emu, "default", NODE, "worker-2");
     let t0 = Instant::now();
     h.power_off().await.expect("PowerOff");
     h.wait_for_unit_started("poweroff.target", SOON)

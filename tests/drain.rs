@@ -80,35 +80,6 @@ fn event_reasons(emu: &EmulatorHandle) -> Vec<String> {
         .collect()
 }
 
-/// A stand-in ReplicaSet controller: every terminating `app=web` pod on NODE gets a Ready
-/// replacement on worker-2, as a real controller would create.
-fn replace_terminating(emu: &Arc<EmulatorHandle>) -> tokio::task::JoinHandle<()> {
-    let emu = emu.clone();
-    tokio::spawn(async move {
-        let mut replaced = std::collections::HashSet::new();
-        loop {
-            for p in emu.list("pods", Some("default")) {
-                let name = p
-                    .pointer("/metadata/name")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or_default()
-                    .to_string();
-                let terminating = p.pointer("/metadata/deletionTimestamp").is_some();
-                let on_node = p.pointer("/spec/nodeName").and_then(|v| v.as_str()) == Some(NODE);
-                if terminating && on_node && replaced.insert(name.clone()) {
-                    let seed = PodSeed::new("default", &format!("{name}-r"))
-                        .node("worker-2")
-                        .label("app", "web")
-                        .owner("ReplicaSet", "web")
-                        .ready(true);
-                    emu.seed_pod(seed).expect("replacement");
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-}
-
 #[tokio::test]
 async fn skips_daemonset_mirror_and_finished_pods() {
     let emu = emulator().await;
@@ -208,7 +179,7 @@ async fn pdb_is_never_violated_and_drain_finishes_as_replicas_move() {
             .expect("pod");
     }
     pdb(&emu, "web", "web", json!({"maxUnavailable": 1}));
-    let controller = replace_terminating(&emu);
+    let controller = kube_emulator::standin::replace_terminating(&emu, "default", NODE, "worker-2");
     let report = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(20)))
         .await
         .expect("drain");

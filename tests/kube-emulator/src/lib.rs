@@ -29,6 +29,7 @@ pub mod pdb;
 pub mod resources;
 pub mod selectors;
 mod server;
+pub mod standin;
 pub mod store;
 mod table;
 mod watch;
