@@ -84,22 +84,30 @@ impl FileWatcher {
     /// stops watching directories no longer needed. Call after every event, then read the files:
     /// a file created between the event and the new watch is then still seen.
     pub fn rearm(&mut self) -> Result<(), Error> {
-        let wanted: BTreeSet<PathBuf> = self.paths.iter().filter_map(|p| watch_dir(p)).collect();
-        for dir in self.watched.difference(&wanted) {
-            // The directory may be gone already, which removed the watch with it.
-            let _ = self.watcher.unwatch(dir);
+        // Repeat until nothing changes: a directory created after `wanted` was computed but
+        // before its parent's watch was added raised no event, so look again once the new
+        // watches are in place.
+        loop {
+            let wanted: BTreeSet<PathBuf> =
+                self.paths.iter().filter_map(|p| watch_dir(p)).collect();
+            if wanted == self.watched {
+                return Ok(());
+            }
+            for dir in self.watched.difference(&wanted) {
+                // The directory may be gone already, which removed the watch with it.
+                let _ = self.watcher.unwatch(dir);
+            }
+            for dir in wanted.difference(&self.watched) {
+                self.watcher
+                    .watch(dir, notify::RecursiveMode::NonRecursive)
+                    .map_err(|source| Error::Watch {
+                        dir: dir.clone(),
+                        source,
+                    })?;
+                debug!(dir = %dir.display(), "watching");
+            }
+            self.watched = wanted;
         }
-        for dir in wanted.difference(&self.watched) {
-            self.watcher
-                .watch(dir, notify::RecursiveMode::NonRecursive)
-                .map_err(|source| Error::Watch {
-                    dir: dir.clone(),
-                    source,
-                })?;
-            debug!(dir = %dir.display(), "watching");
-        }
-        self.watched = wanted;
-        Ok(())
     }
 
     /// The current facts of every watched file.
