@@ -268,6 +268,49 @@ pub async fn cordon_for_shutdown(
     cordon_recorded(client, node, reason, exclude_lb, true).await
 }
 
+/// What a guarded Node write decided after reading the Node.
+enum NodeWrite<T> {
+    /// Nothing to write: the answer is already known.
+    Done(T),
+    /// Apply this JSON merge patch, then answer `T`.
+    Patch(serde_json::Value, T),
+}
+
+/// Reads the Node, lets `decide` choose, and applies its patch with the read resourceVersion as
+/// a precondition; on a conflict (someone else wrote the Node in between) it reads and decides
+/// again, so a concurrent change such as an admin's cordon is never overwritten.
+async fn write_node_guarded<T: std::fmt::Debug>(
+    client: &Client,
+    node: &str,
+    action: &'static str,
+    decide: impl Fn(&Node) -> Result<NodeWrite<T>>,
+) -> Result<T> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for _ in 0..PATCH_ATTEMPTS {
+        let current = nodes.get(node).await.map_err(api_err(node, "get"))?;
+        let (mut patch, outcome) = match decide(&current)? {
+            NodeWrite::Done(outcome) => return Ok(outcome),
+            NodeWrite::Patch(patch, outcome) => (patch, outcome),
+        };
+        patch["metadata"]["resourceVersion"] = json!(current.metadata.resource_version);
+        match nodes
+            .patch(node, &patch_params(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                info!(node, action, ?outcome, "node written");
+                return Ok(outcome);
+            }
+            Err(e) if is_conflict(&e) => debug!(node, action, "conflict; re-reading the node"),
+            Err(e) => return Err(api_err(node, action)(e)),
+        }
+    }
+    Err(Error::Conflict {
+        node: node.to_string(),
+        attempts: PATCH_ATTEMPTS,
+    })
+}
+
 /// [`cordon`], recording whether the cordon is for a shutdown.
 async fn cordon_recorded(
     client: &Client,
@@ -276,17 +319,15 @@ async fn cordon_recorded(
     exclude_lb: bool,
     shutdown: bool,
 ) -> Result<CordonOutcome> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    for _ in 0..PATCH_ATTEMPTS {
-        let current = nodes.get(node).await.map_err(api_err(node, "get"))?;
-        match cordon::cordon_decision(&current) {
-            CordonDecision::AlreadyOurs => return Ok(CordonOutcome::AlreadyOurs),
+    write_node_guarded(client, node, "cordon", |current| {
+        match cordon::cordon_decision(current) {
+            CordonDecision::AlreadyOurs => return Ok(NodeWrite::Done(CordonOutcome::AlreadyOurs)),
             CordonDecision::AlreadyByOther => {
                 info!(
                     node,
                     "node was already cordoned by someone else; leaving their cordon as it is"
                 );
-                return Ok(CordonOutcome::AlreadyByOther);
+                return Ok(NodeWrite::Done(CordonOutcome::AlreadyByOther));
             }
             CordonDecision::Cordon => {}
         }
@@ -304,7 +345,6 @@ async fn cordon_recorded(
         };
         let mut patch = json!({
             "metadata": {
-                "resourceVersion": current.metadata.resource_version,
                 "annotations": {CORDONED_BY: serde_json::to_string(&record).unwrap_or_default()},
             },
             "spec": {"unschedulable": true},
@@ -312,48 +352,16 @@ async fn cordon_recorded(
         if add_lb {
             patch["metadata"]["labels"] = json!({EXCLUDE_LB_LABEL: "true"});
         }
-        match nodes
-            .patch(node, &patch_params(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                info!(node, reason, exclude_lb = add_lb, "cordoned");
-                return Ok(CordonOutcome::Cordoned);
-            }
-            Err(e) if is_conflict(&e) => {
-                debug!(node, "conflict while cordoning; re-reading the node")
-            }
-            Err(e) => return Err(api_err(node, "cordon")(e)),
-        }
-    }
-    Err(Error::Conflict {
-        node: node.to_string(),
-        attempts: PATCH_ATTEMPTS,
+        Ok(NodeWrite::Patch(patch, CordonOutcome::Cordoned))
     })
+    .await
 }
 
 /// Lifts nodeward's own cordon; refuses someone else's unless `force`.
 pub async fn uncordon(client: &Client, node: &str, force: bool) -> Result<UncordonOutcome> {
-    uncordon_if(client, node, |n| cordon::uncordon_decision(n, force)).await
-}
-
-/// Uncordons as `decide` says, re-deciding on every conflict so a concurrent change of the
-/// Node (an admin's cordon) is never overwritten.
-async fn uncordon_if(
-    client: &Client,
-    node: &str,
-    decide: impl Fn(&Node) -> UncordonDecision,
-) -> Result<UncordonOutcome> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    for _ in 0..PATCH_ATTEMPTS {
-        let current = nodes.get(node).await.map_err(api_err(node, "get"))?;
-        let mut patch = json!({
-            "metadata": {
-                "resourceVersion": current.metadata.resource_version,
-                "annotations": {CORDONED_BY: null},
-            },
-        });
-        let outcome = match decide(&current) {
+    write_node_guarded(client, node, "uncordon", |current| {
+        let mut patch = json!({"metadata": {"annotations": {CORDONED_BY: null}}});
+        Ok(match cordon::uncordon_decision(current, force) {
             UncordonDecision::ByOther { who } => {
                 return Err(Error::CordonedByOther {
                     node: node.to_string(),
@@ -362,36 +370,20 @@ async fn uncordon_if(
             }
             UncordonDecision::NotCordoned {
                 stale_record: false,
-            } => {
-                return Ok(UncordonOutcome::NotCordoned);
+            } => NodeWrite::Done(UncordonOutcome::NotCordoned),
+            UncordonDecision::NotCordoned { stale_record: true } => {
+                NodeWrite::Patch(patch, UncordonOutcome::NotCordoned)
             }
-            UncordonDecision::NotCordoned { stale_record: true } => UncordonOutcome::NotCordoned,
             UncordonDecision::Uncordon { remove_lb_label } => {
                 patch["spec"] = json!({"unschedulable": null});
                 if remove_lb_label {
                     patch["metadata"]["labels"] = json!({EXCLUDE_LB_LABEL: null});
                 }
-                UncordonOutcome::Uncordoned
+                NodeWrite::Patch(patch, UncordonOutcome::Uncordoned)
             }
-        };
-        match nodes
-            .patch(node, &patch_params(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                info!(node, ?outcome, "uncordon done");
-                return Ok(outcome);
-            }
-            Err(e) if is_conflict(&e) => {
-                debug!(node, "conflict while uncordoning; re-reading the node")
-            }
-            Err(e) => return Err(api_err(node, "uncordon")(e)),
-        }
-    }
-    Err(Error::Conflict {
-        node: node.to_string(),
-        attempts: PATCH_ATTEMPTS,
+        })
     })
+    .await
 }
 
 /// A live copy of watched objects, following the watcher's relist protocol (a relist replaces
