@@ -1,0 +1,11 @@
+//go:build tools
+
+// The commands the kit builds, so that `go mod tidy` keeps their modules.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "sigs.k8s.io/kwok/cmd/kwok"
+)
