@@ -80,7 +80,7 @@ fn spawn(emu: &EmulatorHandle, h: &LogindHarness, drain_timeout: &str) -> Agent 
     let dir = tempfile::tempdir().expect("tempdir");
     let flannel = dir.path().join("run/flannel/subnet.env");
     let config = format!(
-        "[node]\nname = \"{NODE}\"\nkubeconfig = \"{}\"\n[agent]\nstatus_file = \"{}\"\n\
+        "[node]\nname = \"{NODE}\"\nkubeconfig = \"{}\"\n[agent]\nstatus_file = \"{}\"\nstartup_taint = \"agent\"\n\
          [drain]\ntimeout = \"{drain_timeout}\"\n[shutdown]\nsafety_margin = \"1s\"\nlogind_dropin = \"{}\"\n\
          [gates]\nfile = [{{ path = \"{}\", contains = \"FLANNEL_SUBNET=\" }}]\n",
         emu.kubeconfig_path().display(),

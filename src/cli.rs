@@ -53,6 +53,11 @@ pub enum Command {
         nodeward scaler --config /etc/nodeward/config.toml\n  \
         nodeward scaler --nodes 1:10:web --nodes 0:4:gpu --dry-run --log-level debug")]
     Scaler(ScalerArgs),
+    /// Run the readiness controller: remove the startup taint from nodes whose agent reports ready.
+    #[command(after_help = "Examples:\n  \
+        nodeward controller --kubeconfig /etc/nodeward/controller.kubeconfig\n  \
+        nodeward controller --mode bootstrap --dry-run")]
+    Controller(ControllerArgs),
     /// Show what the agent on this node sees.
     Status,
     /// Validate or show the configuration.
@@ -135,6 +140,27 @@ pub struct ScalerArgs {
     /// Kubeconfig to use (default: scaler.kubeconfig, else KUBECONFIG / ~/.kube/config / in-cluster).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+}
+
+/// `nodeward controller` arguments.
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    /// `continuous`: also put the startup taint back when a node's condition turns False;
+    /// `bootstrap`: only ever remove it.
+    #[arg(long, value_enum, default_value = "continuous")]
+    pub mode: crate::readiness::Mode,
+    /// Log what would change, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Kubeconfig to use (default: KUBECONFIG / ~/.kube/config / in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of the leader Lease.
+    #[arg(long, value_name = "NS", default_value = "kube-system")]
+    pub lease_namespace: String,
+    /// How long the leader's Lease lasts without renewal.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: std::time::Duration,
 }
 
 /// `nodeward cordon` arguments.

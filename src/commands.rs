@@ -8,7 +8,8 @@ use anyhow::Context;
 use clap::CommandFactory;
 
 use crate::cli::{
-    Cli, Command, ConfigCommand, CordonArgs, DrainArgs, RenderArgs, ScalerArgs, UncordonArgs,
+    Cli, Command, ConfigCommand, ControllerArgs, CordonArgs, DrainArgs, RenderArgs, ScalerArgs,
+    UncordonArgs,
 };
 use crate::render::values::{Inputs, TokenSource};
 use crate::secret::Secret;
@@ -42,6 +43,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Uncordon(args) => block_on(uncordon(cli.config.as_deref(), args)),
         Command::Status => block_on(status(cli.config.as_deref())),
         Command::Scaler(args) => block_on(scaler(cli.config.as_deref(), args)),
+        Command::Controller(args) => block_on(controller(args)),
     }
 }
 
@@ -354,7 +356,7 @@ async fn status(config: Option<&Path>) -> anyhow::Result<u8> {
         Ok(Ok(n)) => println!(
             "  node:        cordoned by {}; startup taint {}",
             crate::agent::node::cordon_owner(&n).unwrap_or_else(|| "nobody".into()),
-            if crate::agent::node::has_startup_taint(&n) {
+            if crate::readiness::has_startup_taint(&n) {
                 "present"
             } else {
                 "absent"
@@ -400,5 +402,19 @@ async fn scaler(config: Option<&Path>, args: ScalerArgs) -> anyhow::Result<u8> {
     };
     let scaler = crate::scaler::run::Scaler::new(client, provider, &settings, opts).await?;
     scaler.run(crate::scaler::shutdown_signal()).await?;
+    Ok(EXIT_OK)
+}
+
+async fn controller(args: ControllerArgs) -> anyhow::Result<u8> {
+    let client = crate::kube_client::client(args.kubeconfig.as_deref()).await?;
+    let opts = crate::readiness::controller::Options {
+        mode: args.mode,
+        dry_run: args.dry_run,
+        lease_namespace: args.lease_namespace,
+        lease_name: crate::readiness::controller::LEASE_NAME.into(),
+        identity: crate::scaler::identity(),
+        lease_duration: args.lease_duration,
+    };
+    crate::readiness::controller::run(client, opts, crate::scaler::shutdown_signal()).await?;
     Ok(EXIT_OK)
 }

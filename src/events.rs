@@ -20,14 +20,19 @@ pub fn recorder(client: &kube::Client, controller: &str, instance: Option<String
 
 /// `note` cut to [`NOTE_MAX`] bytes on a character boundary.
 pub fn fit_note(mut note: String) -> String {
-    if note.len() > NOTE_MAX {
-        let mut cut = NOTE_MAX;
-        while !note.is_char_boundary(cut) {
+    truncate_at_char(&mut note, NOTE_MAX);
+    note
+}
+
+/// Cuts `s` to at most `max` bytes, on a character boundary.
+pub fn truncate_at_char(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
             cut -= 1;
         }
-        note.truncate(cut);
+        s.truncate(cut);
     }
-    note
 }
 
 /// Publishes one Event about `reference`; failures are logged, not returned.

@@ -185,6 +185,9 @@ name = "{NODE}"
 kubeconfig = "{kc}"
 [agent]
 status_file = "{status}"
+# These tests drive the agent-untaints-itself path (an agent with its own identity); the
+# default, the readiness controller, is tested in tests/readiness.rs.
+startup_taint = "agent"
 [drain]
 timeout = "5s"
 [shutdown]

@@ -476,7 +476,7 @@ async fn dry_run_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_is_held_by_one_identity_at_a_time() {
-    use nodeward::scaler::lease::Elector;
+    use nodeward::lease::Elector;
     let env = env(|_| {}).await;
     let client = nodeward::kube_client::client(Some(env.kube.kubeconfig_path()))
         .await

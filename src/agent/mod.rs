@@ -1,8 +1,10 @@
 //! `nodeward agent`: the node-local service that closes both ends of a node's life.
 //!
 //! At the start of it, the node takes no workload until its network is really up: the agent
-//! watches the readiness gates ([`crate::gate`]) and, once all pass, removes the startup taint and
-//! lifts a cordon nodeward left before a reboot — never an administrator's. At the end of it, the
+//! watches the readiness gates ([`crate::gate`]), reports them as the Node condition
+//! `nodeward.io/Ready` (the readiness controller, [`crate::readiness`], then removes the startup
+//! taint), and once all pass lifts a cordon nodeward left before a reboot — never an
+//! administrator's. At the end of it, the
 //! node gives its pods back before kubelet stops: the agent holds a logind delay inhibitor lock,
 //! drains on `PrepareForShutdown(true)` within a deadline derived from logind's cap, and closes
 //! the lock's fd so the shutdown proceeds. SIGTERM is *not* a shutdown (a package upgrade restarts
@@ -33,10 +35,11 @@ use tokio::time::Instant;
 use tracing::{error, info, warn};
 use zbus::zvariant::OwnedFd;
 
-use crate::config::{Settings, ShutdownPolicy};
+use crate::config::{Settings, ShutdownPolicy, TaintOwner};
 use crate::gate::watch::{self as gwatch, FileWatcher};
 use crate::gate::{Facts, GateSet, HttpFact, PodFact, Verdict};
 use crate::logind::{self, Logind, LogindEvent, ShutdownKind};
+use crate::readiness;
 use state::{Action, Lock, LockEvent, Phase, PhaseEvent, View};
 use status::{DrainSummary, Status};
 
@@ -741,11 +744,15 @@ impl Agent {
             gates_pass: self.verdict.all_pass,
             overdue: self.verdict.overdue,
             overdue_reported: self.overdue_reported,
-            has_startup_taint: n.is_some_and(node::has_startup_taint),
+            has_startup_taint: n.is_some_and(readiness::has_startup_taint),
             cordon: n.map_or(state::CordonView::NotCordoned, |n| {
                 node::cordon_view(n, self.boot_time, self.own_cordon)
             }),
             retaint: self.settings.agent.retaint_on_gate_failure,
+            condition_current: n.is_some_and(|n| {
+                readiness::condition_is_current(n, &readiness::desired_condition(&self.verdict))
+            }),
+            untaint_self: self.settings.agent.startup_taint == TaintOwner::Agent,
         }
     }
 
@@ -780,12 +787,33 @@ impl Agent {
         for action in state::reconcile(&self.view()) {
             let ok = match action {
                 Action::Transition(ev) => self.phase_to(ev),
+                Action::WriteCondition => {
+                    let want = readiness::desired_condition(&self.verdict);
+                    match readiness::write_condition(
+                        &self.client,
+                        &self.node,
+                        self.node_obj.as_ref(),
+                        &want,
+                    )
+                    .await
+                    {
+                        Ok(n) => {
+                            self.node_echo_rv = n.metadata.resource_version.clone();
+                            self.node_obj = Some(n);
+                            true
+                        }
+                        Err(e) => {
+                            warn!(node = %self.node, error = %e, "cannot report readiness");
+                            false
+                        }
+                    }
+                }
                 Action::RemoveStartupTaint | Action::AddStartupTaint => {
                     let add = action == Action::AddStartupTaint;
                     if add {
                         warn!(node = %self.node, failing = ?self.verdict.failing(), "a gate failed; putting the startup taint back");
                     }
-                    match node::set_startup_taint(&self.client, &self.node, add).await {
+                    match readiness::set_startup_taint(&self.client, &self.node, add, None).await {
                         Ok((n, written)) => {
                             // Fresher than the watch, which may still deliver older versions.
                             if written {
@@ -877,7 +905,7 @@ impl Agent {
             node_registered: n.is_some(),
             gates: self.verdict.gates.clone(),
             not_ready_in_time: self.overdue_reported,
-            startup_taint: n.is_some_and(node::has_startup_taint),
+            startup_taint: n.is_some_and(readiness::has_startup_taint),
             cordoned_by: n.and_then(node::cordon_owner),
             last_drain: self.last_drain.clone(),
             warnings: self.warnings.clone(),

@@ -1,59 +1,11 @@
-//! The few writes the agent makes to its own Node: the startup taint, and Events.
+//! How the agent reads nodeward's cordon on its own Node, and its Events about it. (Its
+//! readiness condition and the startup taint are [`crate::readiness`]'s.)
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Taint};
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::runtime::events::EventType;
-use serde_json::json;
-use tracing::{debug, info};
 
 use super::state::CordonView;
 use crate::drain::cordon;
-use crate::render::values::STARTUP_TAINT_KEY;
-
-/// The startup taint's effect: new pods stay away, running ones (DaemonSets) stay.
-pub const STARTUP_TAINT_EFFECT: &str = "NoSchedule";
-/// Conflicting writes to the Node retried this many times (kubelet updates it too).
-const PATCH_ATTEMPTS: usize = 5;
-/// Field manager for the agent's writes.
-const FIELD_MANAGER: &str = "nodeward-agent";
-
-/// Errors writing the Node.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The API call failed.
-    #[error("cannot {action} node {node}: {source}")]
-    Api {
-        /// The node.
-        node: String,
-        /// What was being done.
-        action: &'static str,
-        /// The client's error.
-        #[source]
-        source: kube::Error,
-    },
-    /// Another writer kept changing the Node.
-    #[error("node {node} kept changing under us ({PATCH_ATTEMPTS} conflicting writes)")]
-    Conflict {
-        /// The node.
-        node: String,
-    },
-}
-
-/// Whether the Node carries the startup taint.
-pub fn has_startup_taint(n: &Node) -> bool {
-    taints(n).iter().any(is_startup_taint)
-}
-
-fn taints(n: &Node) -> Vec<Taint> {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default()
-}
-
-fn is_startup_taint(t: &Taint) -> bool {
-    t.key == STARTUP_TAINT_KEY && t.effect == STARTUP_TAINT_EFFECT
-}
 
 /// Who cordoned `n`, relative to the boot at `boot_time` and this agent's own shutdown cordon.
 pub fn cordon_view(n: &Node, boot_time: Option<jiff::Timestamp>, own_cordon: bool) -> CordonView {
@@ -85,73 +37,6 @@ pub fn cordon_owner(n: &Node) -> Option<String> {
     })
 }
 
-/// Adds (`add`) or removes the startup taint; returns the Node as it now is and whether this
-/// call wrote it (`false`: there was nothing to change, the Node is as read).
-#[tracing::instrument(skip(client), err)]
-pub async fn set_startup_taint(
-    client: &kube::Client,
-    node: &str,
-    add: bool,
-) -> Result<(Node, bool), Error> {
-    let api: Api<Node> = Api::all(client.clone());
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
-    for _ in 0..PATCH_ATTEMPTS {
-        let current = api.get(node).await.map_err(|source| Error::Api {
-            node: node.into(),
-            action: "get",
-            source,
-        })?;
-        let mut list = taints(&current);
-        let present = list.iter().any(is_startup_taint);
-        if present == add {
-            return Ok((current, false));
-        }
-        if add {
-            list.push(Taint {
-                key: STARTUP_TAINT_KEY.into(),
-                effect: STARTUP_TAINT_EFFECT.into(),
-                ..Taint::default()
-            });
-        } else {
-            list.retain(|t| !is_startup_taint(t));
-        }
-        // A merge patch replaces the list whole; the resourceVersion makes it fail with 409
-        // instead of dropping a taint someone else added in between.
-        let patch = json!({
-            "metadata": {"resourceVersion": current.metadata.resource_version},
-            "spec": {"taints": if list.is_empty() { serde_json::Value::Null } else { json!(list) }},
-        });
-        match api.patch(node, &params, &Patch::Merge(&patch)).await {
-            Ok(n) => {
-                info!(
-                    node,
-                    taint = STARTUP_TAINT_KEY,
-                    added = add,
-                    "startup taint changed"
-                );
-                return Ok((n, true));
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                debug!(
-                    node,
-                    "conflict while changing the startup taint; re-reading"
-                );
-            }
-            Err(source) => {
-                return Err(Error::Api {
-                    node: node.into(),
-                    action: "patch taints of",
-                    source,
-                });
-            }
-        }
-    }
-    Err(Error::Conflict { node: node.into() })
-}
-
 /// Publishes an Event about the Node (best effort: a failure is logged).
 pub async fn event(client: &kube::Client, node: &str, warning: bool, reason: &str, note: String) {
     let reference = ObjectReference {
@@ -172,6 +57,8 @@ pub async fn event(client: &kube::Client, node: &str, warning: bool, reason: &st
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::readiness::{STARTUP_TAINT_KEY, has_startup_taint};
+    use serde_json::json;
 
     fn node(unschedulable: bool, at: Option<&str>, taint: bool) -> Node {
         let mut v = json!({"metadata": {"name": "n"}, "spec": {"unschedulable": unschedulable}});

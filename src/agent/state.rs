@@ -15,7 +15,7 @@ pub enum Phase {
     Booting,
     /// The Node exists; not every gate passes, so it takes no new workload.
     Gated,
-    /// Every gate passed; the startup taint and nodeward's cordon are gone.
+    /// Every gate passed (and reported so); nodeward's cordon is gone.
     Ready,
     /// logind announced a shutdown; the node is being drained (or cordoned).
     Draining,
@@ -158,6 +158,11 @@ pub struct View {
     pub cordon: CordonView,
     /// `agent.retaint_on_gate_failure`.
     pub retaint: bool,
+    /// The Node's `nodeward.io/Ready` condition says what the gates say.
+    pub condition_current: bool,
+    /// `agent.startup_taint = "agent"`: the agent changes the startup taint itself (an identity
+    /// NodeRestriction does not confine); otherwise the readiness controller does.
+    pub untaint_self: bool,
 }
 
 /// One thing to do.
@@ -165,6 +170,8 @@ pub struct View {
 pub enum Action {
     /// Move the phase.
     Transition(PhaseEvent),
+    /// Write the gates' verdict as the Node's `nodeward.io/Ready` condition.
+    WriteCondition,
     /// Remove `node.nodeward.io/not-ready:NoSchedule`.
     RemoveStartupTaint,
     /// Put it back.
@@ -192,9 +199,13 @@ pub fn reconcile(v: &View) -> Vec<Action> {
     if !v.node_exists {
         return out;
     }
+    if !v.condition_current {
+        out.push(Action::WriteCondition);
+    }
+    let tainted = v.untaint_self && v.has_startup_taint;
     match (phase, v.gates_pass) {
         (Phase::Gated, true) => {
-            if v.has_startup_taint {
+            if tainted {
                 out.push(Action::RemoveStartupTaint);
             }
             let ours = matches!(
@@ -209,9 +220,9 @@ pub fn reconcile(v: &View) -> Vec<Action> {
             }
             out.push(Action::Transition(PhaseEvent::GatesPassed));
         }
-        (Phase::Ready, true) if v.has_startup_taint => out.push(Action::RemoveStartupTaint),
+        (Phase::Ready, true) if tainted => out.push(Action::RemoveStartupTaint),
         (Phase::Ready, false) => {
-            if v.retaint && !v.has_startup_taint {
+            if v.untaint_self && v.retaint && !v.has_startup_taint {
                 out.push(Action::AddStartupTaint);
             }
             out.push(Action::Transition(PhaseEvent::GatesFailed));

@@ -9,7 +9,9 @@ use super::scaler::{
     Argv, BaseUrl, CherrySettings, ExecSettings, Expander, Groups, Label, ListenAddr, ProviderKind,
     ScalerSettings, Share, TokenTtl,
 };
-use super::types::{ConfigDuration, NodeName, OnDeadline, Positive, ShutdownPolicy, Waves};
+use super::types::{
+    ConfigDuration, NodeName, OnDeadline, Positive, ShutdownPolicy, TaintOwner, Waves,
+};
 use crate::gate::{ConditionGate, FileGate, HttpGate, PodGate};
 
 /// Declares a fragment section whose fields are all `Option`, with a `merge` where the later
@@ -56,6 +58,8 @@ fragment!(
         boot_deadline: ConfigDuration,
         /// Re-taint when a gate fails after passing.
         retaint_on_gate_failure: bool,
+        /// Who removes the startup taint.
+        startup_taint: TaintOwner,
     }
 );
 
@@ -328,6 +332,7 @@ impl Fragment {
                 retaint_on_gate_failure: agent
                     .retaint_on_gate_failure
                     .unwrap_or(d.agent.retaint_on_gate_failure),
+                startup_taint: agent.startup_taint.unwrap_or(d.agent.startup_taint),
             },
             gates: super::GateSettings {
                 file: gates.file.unwrap_or(d.gates.file),

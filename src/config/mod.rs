@@ -17,7 +17,7 @@ use std::time::Duration;
 pub use scaler::{
     Capacity, CherrySettings, ExecSettings, Expander, GroupSettings, ProviderKind, ScalerSettings,
 };
-pub use types::{OnDeadline, ShutdownPolicy, Wave};
+pub use types::{OnDeadline, ShutdownPolicy, TaintOwner, Wave};
 
 /// Where the agent looks when neither `--config` nor `NODEWARD_CONFIG` is given.
 pub const DEFAULT_PATH: &str = "/etc/nodeward/config.toml";
@@ -76,8 +76,11 @@ pub struct AgentSettings {
     /// If the gates have not all passed this long after the agent started, it reports the node
     /// with a `NodeNotReadyInTime` Event so the scaler can replace the machine.
     pub boot_deadline: Duration,
-    /// Put the startup taint back when a gate fails after the node became schedulable.
+    /// Put the startup taint back when a gate fails after the node became schedulable (only
+    /// with `startup_taint = "agent"`; the controller has its own `--mode`).
     pub retaint_on_gate_failure: bool,
+    /// Who removes the startup taint.
+    pub startup_taint: TaintOwner,
 }
 
 /// `[gates]`: every gate listed must pass.
@@ -184,6 +187,7 @@ impl Default for Settings {
                 // machine; ten minutes means something is wrong with this one.
                 boot_deadline: Duration::from_secs(600),
                 retaint_on_gate_failure: true,
+                startup_taint: TaintOwner::Controller,
             },
             gates: default_gates(),
             shutdown: ShutdownSettings {

@@ -137,6 +137,19 @@ impl<'de> Deserialize<'de> for Positive {
     }
 }
 
+/// Who removes the startup taint when the readiness gates pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaintOwner {
+    /// The readiness controller (`nodeward controller`), from the `nodeward.io/Ready` condition
+    /// the agent reports. The only choice under the NodeRestriction admission plugin when the
+    /// agent uses the kubelet's identity, which may not change its own Node's taints.
+    Controller,
+    /// The agent itself, besides reporting the condition: only for an agent with its own
+    /// identity (not `system:node:NAME`) in a cluster without the controller.
+    Agent,
+}
+
 /// What the agent does when logind announces a shutdown of one kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -8,7 +8,6 @@
 //! the executor only carries the actions out.
 
 pub mod decide;
-pub mod lease;
 pub mod metrics;
 pub mod model;
 pub mod provider;

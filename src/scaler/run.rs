@@ -21,13 +21,13 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, instrument, warn};
 
 use super::decide::{self, Action, GroupState, ScaleUpReason};
-use super::lease::Elector;
 use super::metrics::{self, Metrics};
 use super::model::{self, Backoff, NOT_READY_IN_TIME, Snapshot, UNNEEDED_SINCE};
 use super::provider::{self, CLUSTER_TAG, CreateSpec, POOL_TAG, Provider};
 use super::{SCALE_DOWN_REASON, token};
 use crate::config::{GroupSettings, ScalerSettings, Settings};
 use crate::drain::{DrainOptions, DrainOutcome};
+use crate::lease::Elector;
 use crate::render::values::{DEFAULT_HOSTNAME_PATTERN, Inputs, TokenSource, Values};
 use crate::secret::Secret;
 

@@ -87,6 +87,16 @@ fn view(phase: Phase) -> View {
         has_startup_taint: true,
         cordon: CordonView::NotCordoned,
         retaint: true,
+        condition_current: true,
+        untaint_self: true,
+    }
+}
+
+/// The default deployment: the readiness controller owns the taint.
+fn reporting(phase: Phase) -> View {
+    View {
+        untaint_self: false,
+        ..view(phase)
     }
 }
 
@@ -239,6 +249,49 @@ fn reconcile_table() {
                     by_this_agent: true,
                 },
                 ..view(Phase::Drained)
+            },
+            vec![],
+        ),
+        (
+            "controller mode: gates pass, the condition is written, the taint is left to the controller",
+            View {
+                gates_pass: true,
+                condition_current: false,
+                ..reporting(Phase::Gated)
+            },
+            vec![WriteCondition, Transition(GatesPassed)],
+        ),
+        (
+            "controller mode: a gate fails, the condition is written, no taint change",
+            View {
+                has_startup_taint: false,
+                condition_current: false,
+                ..reporting(Phase::Ready)
+            },
+            vec![WriteCondition, Transition(GatesFailed)],
+        ),
+        (
+            "controller mode: our cordon from before the boot is still lifted by the agent",
+            View {
+                gates_pass: true,
+                cordon: CordonView::OursBeforeBoot,
+                ..reporting(Phase::Gated)
+            },
+            vec![Uncordon, Transition(GatesPassed)],
+        ),
+        (
+            "the condition is written as soon as the node appears",
+            View {
+                condition_current: false,
+                ..reporting(Phase::Booting)
+            },
+            vec![Transition(NodeSeen), WriteCondition],
+        ),
+        (
+            "a stale condition is not rewritten while draining",
+            View {
+                condition_current: false,
+                ..reporting(Phase::Draining)
             },
             vec![],
         ),

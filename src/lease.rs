@@ -1,4 +1,5 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease, so two replicas never both act.
+//! Leader election on a `coordination.k8s.io/v1` Lease, so two replicas of the scaler or of the
+//! readiness controller never both act.
 //!
 //! [`step`] decides purely from the Lease and `now`; [`Elector`] writes with the Lease's
 //! resourceVersion, so of two replicas racing for an expired Lease exactly one write succeeds

@@ -1,0 +1,292 @@
+//! Readiness as a real cluster allows it: the node reports, a central controller untaints.
+//!
+//! kube-apiserver's NodeRestriction admission plugin refuses a node's own identity
+//! (`system:node:NAME`, the kubelet's credentials the agent uses) any change to its Node's
+//! `spec.taints` ("node … is not allowed to modify taints"), but lets it write its Node's status.
+//! So, as Kubernetes' node-readiness-controller (KEP-5233) does it, the agent publishes its gates
+//! as one Node condition, [`CONDITION_TYPE`], through `nodes/status`; and a controller with its
+//! own identity ([`controller`]) removes the startup taint when that condition is `True`, puts it
+//! back when it turns `False` (in [`Mode::Continuous`]), and never touches another taint.
+//!
+//! Decisions here are pure functions of a Node: [`desired_condition`] from the gates' verdict,
+//! [`condition_is_current`], [`decide`]. The writes are [`write_condition`] and
+//! [`set_startup_taint`], the one guarded read-modify-write of the startup taint.
+
+pub mod controller;
+
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use tracing::{debug, info};
+
+use crate::gate::Verdict;
+pub use crate::render::values::STARTUP_TAINT_KEY;
+
+/// The Node condition the agent reports: `True` when every readiness gate passes.
+pub const CONDITION_TYPE: &str = "nodeward.io/Ready";
+/// `reason` of a `True` condition.
+pub const REASON_PASSED: &str = "GatesPassed";
+/// `reason` of a `False` condition.
+pub const REASON_FAILING: &str = "GatesFailing";
+/// The startup taint's effect: new pods stay away, running ones (DaemonSets) stay.
+pub const STARTUP_TAINT_EFFECT: &str = "NoSchedule";
+/// Field manager of every write this module makes.
+pub const FIELD_MANAGER: &str = "nodeward";
+/// Conflicting writes to the Node retried this many times (kubelet updates it too).
+const PATCH_ATTEMPTS: usize = 5;
+/// The API keeps condition messages short in practice; ours names the failing gates.
+const MESSAGE_MAX: usize = 1024;
+
+/// What the agent wants its condition to say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    /// `True` or `False`.
+    pub status: bool,
+    /// [`REASON_PASSED`] or [`REASON_FAILING`].
+    pub reason: &'static str,
+    /// Which gates fail, or that all pass.
+    pub message: String,
+}
+
+/// The condition that describes `verdict`.
+pub fn desired_condition(verdict: &Verdict) -> Condition {
+    if verdict.all_pass {
+        Condition {
+            status: true,
+            reason: REASON_PASSED,
+            message: format!("all {} readiness gates pass", verdict.gates.len()),
+        }
+    } else {
+        let mut message = format!("failing: {}", verdict.failing().join("; "));
+        crate::events::truncate_at_char(&mut message, MESSAGE_MAX);
+        Condition {
+            status: false,
+            reason: REASON_FAILING,
+            message,
+        }
+    }
+}
+
+/// The Node's [`CONDITION_TYPE`] condition, if it reports one.
+pub fn condition(node: &Node) -> Option<&NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == CONDITION_TYPE)
+}
+
+fn status_word(status: bool) -> &'static str {
+    if status { "True" } else { "False" }
+}
+
+/// Whether `node` already reports `want` (status, reason and message alike).
+pub fn condition_is_current(node: &Node, want: &Condition) -> bool {
+    condition(node).is_some_and(|c| {
+        c.status == status_word(want.status)
+            && c.reason.as_deref() == Some(want.reason)
+            && c.message.as_deref() == Some(want.message.as_str())
+    })
+}
+
+/// Writes `want` as the Node's [`CONDITION_TYPE`] condition through `nodes/status` (a strategic
+/// merge keyed by `type`, so kubelet's own conditions are untouched). `lastTransitionTime` moves
+/// only when the status flips. Returns the Node as written.
+#[tracing::instrument(skip(client, current, want), err)]
+pub async fn write_condition(
+    client: &kube::Client,
+    node: &str,
+    current: Option<&Node>,
+    want: &Condition,
+) -> Result<Node, Error> {
+    let now = jiff::Timestamp::now().to_string();
+    let status = status_word(want.status);
+    let transition = current
+        .and_then(condition)
+        .filter(|c| c.status == status)
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map_or_else(|| now.clone(), |t| t.0.to_string());
+    let patch = json!({"status": {"conditions": [{
+        "type": CONDITION_TYPE,
+        "status": status,
+        "reason": want.reason,
+        "message": want.message,
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": transition,
+    }]}});
+    let api: Api<Node> = Api::all(client.clone());
+    let n = api
+        .patch_status(node, &params(), &Patch::Strategic(&patch))
+        .await
+        .map_err(|source| Error::Api {
+            node: node.into(),
+            action: "write the readiness condition of",
+            source,
+        })?;
+    info!(node, condition = CONDITION_TYPE, status, reason = want.reason, message = %want.message, "readiness condition written");
+    Ok(n)
+}
+
+/// How the controller treats a node whose condition turns `False` after it was untainted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Only remove the startup taint, once; a later failure is reported, not acted on.
+    Bootstrap,
+    /// Remove it when ready, put it back when the condition turns `False`.
+    Continuous,
+}
+
+/// A change to the startup taint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaintChange {
+    /// Remove it: the node reports ready.
+    Remove,
+    /// Put it back: the node reports not ready (continuous mode).
+    Add,
+}
+
+/// What the controller does about `node`: nothing for a node without nodeward's condition (no
+/// agent: not ours to judge), for one being deleted, or for an `Unknown` condition.
+pub fn decide(node: &Node, mode: Mode) -> Option<TaintChange> {
+    if node.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let c = condition(node)?;
+    let tainted = has_startup_taint(node);
+    match (c.status.as_str(), tainted, mode) {
+        ("True", true, _) => Some(TaintChange::Remove),
+        ("False", false, Mode::Continuous) => Some(TaintChange::Add),
+        _ => None,
+    }
+}
+
+/// Whether the Node carries the startup taint.
+pub fn has_startup_taint(n: &Node) -> bool {
+    taints(n).iter().any(is_startup_taint)
+}
+
+fn taints(n: &Node) -> Vec<Taint> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+}
+
+fn is_startup_taint(t: &Taint) -> bool {
+    t.key == STARTUP_TAINT_KEY && t.effect == STARTUP_TAINT_EFFECT
+}
+
+fn params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
+/// Errors writing the Node.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API call failed.
+    #[error("cannot {action} node {node}: {source}")]
+    Api {
+        /// The node.
+        node: String,
+        /// What was being done.
+        action: &'static str,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Another writer kept changing the Node.
+    #[error("node {node} kept changing under us ({PATCH_ATTEMPTS} conflicting writes)")]
+    Conflict {
+        /// The node.
+        node: String,
+    },
+}
+
+impl Error {
+    /// The HTTP status the API answered, if it answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Error::Api {
+                source: kube::Error::Api(s),
+                ..
+            } => Some(s.code),
+            _ => None,
+        }
+    }
+}
+
+/// Adds (`add`) or removes the startup taint, starting from `current` when the caller has a
+/// fresh copy (else it reads the Node); returns the Node as it now is and whether this call
+/// wrote it (`false`: nothing to change). A merge patch replaces the taint list whole, so it
+/// carries the resourceVersion it was computed from: a concurrent change makes it 409, and it
+/// is recomputed from a fresh read — another writer's taint is never dropped.
+#[tracing::instrument(skip(client, current), err)]
+pub async fn set_startup_taint(
+    client: &kube::Client,
+    node: &str,
+    add: bool,
+    current: Option<Node>,
+) -> Result<(Node, bool), Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    let mut current = current;
+    for _ in 0..PATCH_ATTEMPTS {
+        let n = match current.take() {
+            Some(n) => n,
+            None => api.get(node).await.map_err(|source| Error::Api {
+                node: node.into(),
+                action: "get",
+                source,
+            })?,
+        };
+        let mut list = taints(&n);
+        if list.iter().any(is_startup_taint) == add {
+            return Ok((n, false));
+        }
+        if add {
+            list.push(Taint {
+                key: STARTUP_TAINT_KEY.into(),
+                effect: STARTUP_TAINT_EFFECT.into(),
+                ..Taint::default()
+            });
+        } else {
+            list.retain(|t| !is_startup_taint(t));
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": n.metadata.resource_version},
+            "spec": {"taints": if list.is_empty() { serde_json::Value::Null } else { json!(list) }},
+        });
+        match api.patch(node, &params(), &Patch::Merge(&patch)).await {
+            Ok(n) => {
+                info!(
+                    node,
+                    taint = STARTUP_TAINT_KEY,
+                    added = add,
+                    "startup taint changed"
+                );
+                return Ok((n, true));
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                debug!(
+                    node,
+                    "conflict while changing the startup taint; re-reading"
+                );
+            }
+            Err(source) => {
+                return Err(Error::Api {
+                    node: node.into(),
+                    action: "patch taints of",
+                    source,
+                });
+            }
+        }
+    }
+    Err(Error::Conflict { node: node.into() })
+}
+
+#[cfg(test)]
+mod tests;

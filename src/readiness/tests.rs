@@ -1,0 +1,124 @@
+use serde_json::json;
+
+use super::*;
+use crate::gate::{GateState, GateStatus};
+
+fn node(condition: Option<&str>, tainted: bool) -> Node {
+    let mut v = json!({"metadata": {"name": "n"}, "spec": {}, "status": {"conditions": [
+        {"type": "Ready", "status": "True"}
+    ]}});
+    if let Some(s) = condition {
+        v["status"]["conditions"]
+            .as_array_mut()
+            .expect("list")
+            .push(json!({"type": CONDITION_TYPE, "status": s, "reason": REASON_PASSED, "message": "m"}));
+    }
+    if tainted {
+        v["spec"]["taints"] = json!([
+            {"key": "other", "effect": "NoSchedule"},
+            {"key": STARTUP_TAINT_KEY, "effect": STARTUP_TAINT_EFFECT}
+        ]);
+    }
+    serde_json::from_value(v).expect("node")
+}
+
+#[test]
+fn decisions_table() {
+    use Mode::*;
+    use TaintChange::*;
+    let cases = [
+        // condition, tainted, mode, expected
+        (None, true, Continuous, None),
+        (None, false, Continuous, None),
+        (Some("True"), true, Bootstrap, Some(Remove)),
+        (Some("True"), true, Continuous, Some(Remove)),
+        (Some("True"), false, Continuous, None),
+        (Some("False"), true, Continuous, None),
+        (Some("False"), false, Continuous, Some(Add)),
+        (Some("False"), false, Bootstrap, None),
+        (Some("Unknown"), false, Continuous, None),
+        (Some("Unknown"), true, Continuous, None),
+    ];
+    for (cond, tainted, mode, want) in cases {
+        assert_eq!(
+            decide(&node(cond, tainted), mode),
+            want,
+            "{cond:?} tainted={tainted} {mode:?}"
+        );
+    }
+}
+
+#[test]
+fn a_node_being_deleted_is_left_alone() {
+    let mut n = node(Some("True"), true);
+    n.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        jiff::Timestamp::UNIX_EPOCH,
+    ));
+    assert_eq!(decide(&n, Mode::Continuous), None);
+}
+
+#[test]
+fn another_taint_with_the_same_key_but_another_effect_is_not_ours() {
+    let n: Node = serde_json::from_value(json!({"metadata": {"name": "n"},
+        "spec": {"taints": [{"key": STARTUP_TAINT_KEY, "effect": "NoExecute"}]}}))
+    .expect("node");
+    assert!(!has_startup_taint(&n));
+}
+
+fn verdict(states: &[(&str, GateState)]) -> Verdict {
+    let gates: Vec<GateStatus> = states
+        .iter()
+        .map(|(name, state)| GateStatus {
+            gate: (*name).to_string(),
+            state: *state,
+            reason: format!("{name} reason"),
+        })
+        .collect();
+    Verdict {
+        all_pass: gates.iter().all(|g| g.state == GateState::Pass),
+        gates,
+        overdue: false,
+    }
+}
+
+#[test]
+fn the_condition_names_the_failing_gates() {
+    let c = desired_condition(&verdict(&[
+        ("file /run/flannel/subnet.env", GateState::Fail),
+        ("pod kube-flannel/app=flannel", GateState::Pass),
+    ]));
+    assert!(!c.status);
+    assert_eq!(c.reason, REASON_FAILING);
+    assert_eq!(
+        c.message,
+        "failing: file /run/flannel/subnet.env (file /run/flannel/subnet.env reason)"
+    );
+    let ok = desired_condition(&verdict(&[("a", GateState::Pass), ("b", GateState::Pass)]));
+    assert!(ok.status);
+    assert_eq!(ok.reason, REASON_PASSED);
+    assert_eq!(ok.message, "all 2 readiness gates pass");
+}
+
+#[test]
+fn a_long_message_is_cut_on_a_character_boundary() {
+    let name = "é".repeat(2000);
+    let c = desired_condition(&verdict(&[(name.as_str(), GateState::Fail)]));
+    assert!(c.message.len() <= MESSAGE_MAX, "{}", c.message.len());
+}
+
+#[test]
+fn current_means_same_status_reason_and_message() {
+    let want = Condition {
+        status: true,
+        reason: REASON_PASSED,
+        message: "m".into(),
+    };
+    assert!(condition_is_current(&node(Some("True"), false), &want));
+    assert!(!condition_is_current(&node(Some("False"), false), &want));
+    assert!(!condition_is_current(&node(None, false), &want));
+    let other = Condition {
+        message: "other".into(),
+        ..want
+    };
+    assert!(!condition_is_current(&node(Some("True"), false), &other));
+}

@@ -1,0 +1,244 @@
+//! Readiness end to end: the agent reports `nodeward.io/Ready` with the node's identity, the
+//! readiness controller removes the startup taint with its own. On kube-emulator and on the real
+//! control plane (kube-apiserver with NodeRestriction), where the agent really is
+//! `system:node:NAME` and the controller its ServiceAccount, with the shipped RBAC.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Cluster, Proc, spawn_agent, spawn_controller, unique, wait_node, write_flannel};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use nodeward::readiness::{CONDITION_TYPE, STARTUP_TAINT_KEY, has_startup_taint};
+use serde_json::json;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn startup_taint() -> serde_json::Value {
+    json!([{"key": STARTUP_TAINT_KEY, "effect": "NoSchedule"}])
+}
+
+fn reports(n: &Node, status: &str) -> bool {
+    nodeward::readiness::condition(n).is_some_and(|c| c.status == status)
+}
+
+fn controller(cluster: &Cluster, flags: &[&str]) -> Proc {
+    let (ns, name) = common::CONTROLLER_SA;
+    spawn_controller(&cluster.service_account_kubeconfig(ns, name), flags)
+}
+
+/// A new node registers with the startup taint; flannel comes up; the agent (node identity)
+/// reports ready; the controller (its ServiceAccount) removes the taint; a pod lands there.
+async fn agent_reports_controller_untaints(cluster: Cluster) {
+    let node = unique("ready");
+    let admin = cluster.admin().await;
+    cluster.add_node(&node, &[], startup_taint()).await;
+    let _controller = controller(&cluster, &[]);
+    let agent = spawn_agent(&node, &cluster.node_kubeconfig(&node), "");
+
+    let n = wait_node(
+        &admin,
+        &node,
+        "condition False naming the flannel gate",
+        LIMIT,
+        |n| reports(n, "False"),
+    )
+    .await;
+    let msg = nodeward::readiness::condition(&n)
+        .and_then(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(msg.contains("subnet.env"), "{msg}");
+    assert!(has_startup_taint(&n), "not ready yet: the taint stays");
+
+    // A pod for this node only: held back by the taint while the node is not ready.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": node.clone()},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": node.clone()},
+                 "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
+    }))
+    .expect("pod");
+    if cluster.is_real() {
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("pod");
+    }
+
+    let t0 = std::time::Instant::now();
+    write_flannel(&agent);
+    let n = wait_node(&admin, &node, "taint removed", LIMIT, |n| {
+        !has_startup_taint(n)
+    })
+    .await;
+    eprintln!("flannel file -> taint gone: {:?}", t0.elapsed());
+    assert!(reports(&n, "True"), "{:?}", n.status);
+    // Only nodeward's taint went: on the real control plane the node lifecycle controller's
+    // node.kubernetes.io/not-ready may still be there until kwok's first heartbeat; theirs.
+    let others: Vec<_> = n.spec.and_then(|s| s.taints).unwrap_or_default();
+    assert!(
+        others.iter().all(|t| t.key != STARTUP_TAINT_KEY),
+        "{others:?}"
+    );
+
+    if cluster.is_real() {
+        // The real scheduler binds it now, kwok runs it.
+        let running = tokio::time::timeout(LIMIT, async {
+            loop {
+                let p = pods.get(&node).await.expect("pod");
+                if p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str()) {
+                    return p;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .expect("the scheduler binds the pod to the ready node");
+        assert_eq!(
+            running.spec.and_then(|s| s.node_name).as_deref(),
+            Some(node.as_str())
+        );
+        let _ = pods.delete(&node, &Default::default()).await;
+    }
+    cluster.remove_node(&node).await;
+}
+
+/// Continuous mode: flannel dies, the condition turns False, the controller puts the taint
+/// back; flannel returns, it goes again.
+async fn gate_failure_taints_again(cluster: Cluster) {
+    let node = unique("flap");
+    let admin = cluster.admin().await;
+    cluster.add_node(&node, &[], startup_taint()).await;
+    let _controller = controller(&cluster, &["--mode", "continuous"]);
+    let agent = spawn_agent(&node, &cluster.node_kubeconfig(&node), "");
+    write_flannel(&agent);
+    wait_node(&admin, &node, "taint removed", LIMIT, |n| {
+        !has_startup_taint(n)
+    })
+    .await;
+    common::remove_flannel(&agent);
+    let n = wait_node(&admin, &node, "taint back", LIMIT, has_startup_taint).await;
+    assert!(reports(&n, "False"));
+    write_flannel(&agent);
+    wait_node(&admin, &node, "taint removed again", LIMIT, |n| {
+        !has_startup_taint(n)
+    })
+    .await;
+    cluster.remove_node(&node).await;
+}
+
+/// Controller down: the node reports ready and stays tainted; the controller starts and catches
+/// up at once (from its initial list, not from a new event).
+async fn controller_down_then_catches_up(cluster: Cluster) {
+    let node = unique("late");
+    let admin = cluster.admin().await;
+    cluster.add_node(&node, &[], startup_taint()).await;
+    let agent = spawn_agent(&node, &cluster.node_kubeconfig(&node), "");
+    write_flannel(&agent);
+    let n = wait_node(&admin, &node, "condition True", LIMIT, |n| {
+        reports(n, "True")
+    })
+    .await;
+    assert!(
+        has_startup_taint(&n),
+        "no controller: nobody removes the taint"
+    );
+    let _controller = controller(&cluster, &[]);
+    wait_node(
+        &admin,
+        &node,
+        "taint removed after the controller started",
+        LIMIT,
+        |n| !has_startup_taint(n),
+    )
+    .await;
+    cluster.remove_node(&node).await;
+}
+
+/// Two replicas: one holds the Lease and acts; the other never writes.
+async fn two_replicas_never_both_act(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    let a = controller(&cluster, &[]);
+    let b = controller(&cluster, &[]);
+    let nodes: Vec<String> = (0..3).map(|_| unique("pair")).collect();
+    for node in &nodes {
+        cluster.add_node(node, &[], startup_taint()).await;
+    }
+    let api: Api<Node> = Api::all(admin.clone());
+    for node in &nodes {
+        let patch = json!({"status": {"conditions": [{"type": CONDITION_TYPE, "status": "True",
+            "reason": "GatesPassed", "message": "test", "lastHeartbeatTime": jiff::Timestamp::now().to_string(),
+            "lastTransitionTime": jiff::Timestamp::now().to_string()}]}});
+        api.patch_status(node, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+            .expect("condition");
+    }
+    for node in &nodes {
+        wait_node(&admin, node, "taint removed", LIMIT, |n| {
+            !has_startup_taint(n)
+        })
+        .await;
+    }
+    let writes = |p: &Proc| p.log_text().matches("startup taint changed").count();
+    let (wa, wb) = (writes(&a), writes(&b));
+    assert_eq!(
+        wa + wb,
+        nodes.len(),
+        "each node untainted exactly once\n--- a ---\n{}\n--- b ---\n{}",
+        a.log_text(),
+        b.log_text()
+    );
+    assert!(
+        wa == 0 || wb == 0,
+        "both replicas acted: {wa} and {wb} writes"
+    );
+    for node in &nodes {
+        cluster.remove_node(node).await;
+    }
+}
+
+/// NodeRestriction is really enforced: the node identity alone may not change its own taints
+/// (whatever RBAC grants), but may report its status and lift its own cordon.
+async fn noderestriction_refuses_a_nodes_taint_change(cluster: Cluster) {
+    let node = unique("restricted");
+    cluster.add_node(&node, &[], startup_taint()).await;
+    let as_node = common::client(&cluster.node_kubeconfig(&node)).await;
+    let err = nodeward::readiness::set_startup_taint(&as_node, &node, false, None)
+        .await
+        .expect_err("NodeRestriction refuses a node its own taints");
+    assert_eq!(err.code(), Some(403), "{err}");
+    assert!(
+        err.to_string().contains("not allowed to modify taints"),
+        "{err}"
+    );
+    // The agent's cordon handling: the node identity may cordon and uncordon itself.
+    nodeward::drain::cordon(&as_node, &node, "test", false)
+        .await
+        .expect("a node may cordon itself");
+    nodeward::drain::uncordon(&as_node, &node, false)
+        .await
+        .expect("and lift its own cordon");
+    // ... and may not touch another node.
+    let other = unique("other");
+    cluster.add_node(&other, &[], json!([])).await;
+    let err = nodeward::drain::cordon(&as_node, &other, "test", false)
+        .await
+        .expect_err("NodeRestriction confines a node to its own Node");
+    assert!(
+        err.to_string().contains("403") || err.to_string().contains("forbidden"),
+        "{err}"
+    );
+    cluster.remove_node(&node).await;
+    cluster.remove_node(&other).await;
+}
+
+both_backends! {
+    agent_reports_and_the_controller_untaints => super::agent_reports_controller_untaints;
+    continuous_mode_puts_the_taint_back => super::gate_failure_taints_again;
+    a_controller_that_was_down_catches_up => super::controller_down_then_catches_up;
+    two_replicas_never_both_act => super::two_replicas_never_both_act;
+}
+
+real_only! {
+    noderestriction_refuses_the_node_identity_its_taints => super::noderestriction_refuses_a_nodes_taint_change;
+}
