@@ -503,3 +503,35 @@ async fn a_shutdown_drain_records_its_cordon_as_a_shutdown_cordon() {
         .expect("shutdown drain");
     assert_eq!(record("worker-2")["shutdown"], json!(true));
 }
+
+/// A drain that never saw the node's pods is not "drained": with the pod list failing until the
+/// deadline, the drain fails and says so (it used to report "drained: 0 evicted", exit 0).
+#[tokio::test]
+async fn pods_never_listed_is_a_failure_not_drained() {
+    let emu = emulator().await;
+    emu.seed_pod(web("web-1")).expect("pod");
+    emu.add_fault(FaultRule::count("list", "pods", 500, 1_000_000));
+    let err = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(2)))
+        .await
+        .expect_err("not drained");
+    assert!(err.to_string().contains("could not list the pods"), "{err}");
+    assert_eq!(pods_on(&emu, NODE), ["web-1"]);
+}
+
+/// A failing budget list does not hold back evictions (the Eviction API enforces budgets).
+#[tokio::test]
+async fn a_failing_budget_list_does_not_block_evictions() {
+    let emu = emulator().await;
+    emu.seed_pod(web("web-1")).expect("pod");
+    emu.add_fault(FaultRule::count(
+        "list",
+        "poddisruptionbudgets",
+        500,
+        1_000_000,
+    ));
+    let report = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(5)))
+        .await
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    assert_eq!(report.evicted.len(), 1, "{report}");
+}

@@ -74,6 +74,18 @@ pub enum Error {
         /// The pod it was tried on.
         pod: String,
     },
+    /// The node's pods could not be listed before the deadline: nothing is known to be drained.
+    #[error(
+        "could not list the pods of node {node} within {waited:?} ({last_error}); the node is cordoned but not known to be drained"
+    )]
+    PodsNotListed {
+        /// The node.
+        node: String,
+        /// How long the drain tried.
+        waited: Duration,
+        /// The last watch error.
+        last_error: String,
+    },
     /// Another writer kept changing the Node.
     #[error("node {node} kept changing under us ({attempts} conflicting writes); try again")]
     Conflict {
@@ -606,18 +618,30 @@ impl<'a> Drain<'a> {
         let mut pods = Mirror::new(pod_key);
         let mut budgets = Mirror::new(pdb_key);
 
-        // Both initial lists, before anything is planned.
-        while !(pods.synced && budgets.synced) {
+        // The pods' initial list before anything is planned. Budgets only time the retries of
+        // a refused eviction (the Eviction API itself enforces them), so evictions do not wait
+        // for their list; the main loop keeps applying their events.
+        let mut last_pod_error = String::from("no answer");
+        while !pods.synced {
             tokio::select! {
                 Some(ev) = pod_events.next() => match ev {
                     Ok(ev) => pods.apply(ev),
-                    Err(e) => warn!(node = self.node, error = %e, "pod watch failed; retrying"),
+                    Err(e) => {
+                        check_watch_error(self.node, &e, "list and watch pods")?;
+                        last_pod_error = e.to_string();
+                    }
                 },
                 Some(ev) = pdb_events.next() => match ev {
                     Ok(ev) => budgets.apply(ev),
-                    Err(e) => self.check_watch_error(&e)?,
+                    Err(e) => check_watch_error(self.node, &e, "list and watch poddisruptionbudgets")?,
                 },
-                _ = tokio::time::sleep_until(started + self.opts.timeout) => break,
+                _ = tokio::time::sleep_until(started + self.opts.timeout) => {
+                    return Err(Error::PodsNotListed {
+                        node: self.node.to_string(),
+                        waited: self.opts.timeout,
+                        last_error: last_pod_error,
+                    });
+                }
             }
         }
         let initial: Vec<Pod> = pods.live.values().cloned().collect();
@@ -749,13 +773,13 @@ impl<'a> Drain<'a> {
                             }
                             pods.apply(ev);
                         }
-                        Err(e) => warn!(node = self.node, error = %e, "pod watch failed; the watcher relists"),
+                        Err(e) => check_watch_error(self.node, &e, "list and watch pods")?,
                     }
                     progress_dirty = true;
                 }
                 Some(ev) = pdb_events.next() => match ev {
                     Ok(ev) => budgets.apply(ev),
-                    Err(e) => self.check_watch_error(&e)?,
+                    Err(e) => check_watch_error(self.node, &e, "list and watch poddisruptionbudgets")?,
                 },
                 _ = tokio::time::sleep_until(wake) => {}
             }
@@ -819,23 +843,6 @@ impl<'a> Drain<'a> {
         }
         info!(node = self.node, summary = %report.to_string().trim_end(), "drain finished");
         Ok(report)
-    }
-
-    /// A 403 on the budget watch means the drain cannot follow budgets: say which permission.
-    fn check_watch_error(&self, e: &watcher::Error) -> Result<()> {
-        let forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403);
-        if forbidden {
-            warn!(
-                node = self.node,
-                "missing permission: list/watch poddisruptionbudgets (policy)"
-            );
-            return Err(Error::Forbidden {
-                verb: "list and watch poddisruptionbudgets",
-                pod: "-".into(),
-            });
-        }
-        warn!(node = self.node, error = %e, "budget watch failed; the watcher relists");
-        Ok(())
     }
 
     fn mark_gone(&mut self, pods: &Mirror<Pod>) {
@@ -1092,4 +1099,19 @@ pub fn hostname() -> Option<String> {
     nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
+}
+
+/// A 403 on a watch the drain needs is a missing permission: say which, and stop. Any other
+/// error is logged; the watcher relists with back-off.
+fn check_watch_error(node: &str, e: &watcher::Error, verb: &'static str) -> Result<()> {
+    let forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403);
+    if forbidden {
+        warn!(node, "missing permission: {verb}");
+        return Err(Error::Forbidden {
+            verb,
+            pod: "-".into(),
+        });
+    }
+    warn!(node, error = %e, "watch failed; the watcher relists");
+    Ok(())
 }

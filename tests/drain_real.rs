@@ -1,0 +1,300 @@
+//! `nodeward drain` against the real control plane, run as it runs on a node: with the node's
+//! own identity (`system:node:NAME`) and the shipped `rbac-agent.yaml`. Evicted pods are
+//! replaced by the real ReplicaSet controller and placed by the real scheduler; budgets are the
+//! real disruption controller's. Also: the shipped RBAC is least privilege (each rule removed
+//! makes the thing that needs it fail, saying so).
+//!
+//! The emulator's drain suite (tests/drain.rs) covers fault injection; these need
+//! `NODEWARD_CONTROL_PLANE` (see tests/common).
+
+mod common;
+
+use std::process::Output;
+use std::time::Duration;
+
+use common::{Cluster, unique};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn drain(kubeconfig: &std::path::Path, node: &str, timeout: &str) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(["drain", node, "--timeout", timeout, "--kubeconfig"])
+        .arg(kubeconfig)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run nodeward drain")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+async fn pods_of(client: &kube::Client, ns: &str, app: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .expect("list pods")
+        .items
+}
+
+fn node_of(p: &Pod) -> Option<&str> {
+    p.spec.as_ref()?.node_name.as_deref()
+}
+
+fn ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        && p.metadata.deletion_timestamp.is_none()
+}
+
+/// Polls (the scheduler and kwok act on their own) until `pred` holds for the app's pods.
+async fn wait_pods(
+    client: &kube::Client,
+    ns: &str,
+    app: &str,
+    what: &str,
+    pred: impl Fn(&[Pod]) -> bool,
+) -> Vec<Pod> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let pods = pods_of(client, ns, app).await;
+        if pred(&pods) {
+            return pods;
+        }
+        assert!(
+            t0.elapsed() < LIMIT,
+            "timed out waiting for {what}; pods: {:?}",
+            pods.iter()
+                .map(|p| (
+                    p.metadata.name.clone(),
+                    node_of(p).map(str::to_string),
+                    ready(p)
+                ))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A namespace of its own, a target node and a spare, `replicas` pods of a Deployment on the
+/// target (the spare is cordoned while they are placed), and a budget of maxUnavailable 1.
+async fn setup(cluster: &Cluster, replicas: i32) -> (kube::Client, String, String, String) {
+    let admin = cluster.admin().await;
+    let ns = unique("drain");
+    let (target, spare) = (unique("target"), unique("spare"));
+    let pool = [("nodeward-test/pool", ns.as_str())];
+    cluster.add_node(&target, &pool, json!([])).await;
+    cluster.add_node(&spare, &pool, json!([])).await;
+    nodeward::drain::cordon(&admin, &spare, "test setup", false)
+        .await
+        .expect("cordon spare");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns"),
+        )
+        .await
+        .expect("namespace");
+    let deploy: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": ns},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
+                "nodeSelector": {"nodeward-test/pool": ns},
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
+    }))
+    .expect("deployment");
+    Api::<Deployment>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &deploy)
+        .await
+        .expect("deployment");
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": ns},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}
+    }))
+    .expect("pdb");
+    Api::<PodDisruptionBudget>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .expect("pdb");
+    let n = usize::try_from(replicas).expect("replicas");
+    wait_pods(&admin, &ns, "web", "all pods Ready on the target", |p| {
+        p.len() == n
+            && p.iter()
+                .all(|p| ready(p) && node_of(p) == Some(target.as_str()))
+    })
+    .await;
+    nodeward::drain::uncordon(&admin, &spare, true)
+        .await
+        .expect("uncordon spare");
+    (admin, ns, target, spare)
+}
+
+async fn teardown(cluster: &Cluster, admin: &kube::Client, ns: &str, nodes: &[&str]) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    let _ = namespaces.delete(ns, &Default::default()).await;
+    for n in nodes {
+        cluster.remove_node(n).await;
+    }
+}
+
+/// The node drains itself with its own identity: every pod evicted within the budget, the
+/// ReplicaSet controller replaces them and the scheduler puts them on the spare.
+async fn node_drains_itself_within_the_budget(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 6).await;
+    let kc = cluster.node_kubeconfig(&target);
+    let t0 = std::time::Instant::now();
+    let out = drain(&kc, &target, "60s");
+    eprintln!(
+        "drain of 6 pods as system:node:{target}: {:?}",
+        t0.elapsed()
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("6 evicted"), "{}", text(&out));
+    wait_pods(
+        &admin,
+        &ns,
+        "web",
+        "6 replacements Ready on the spare",
+        |p| {
+            p.iter()
+                .filter(|p| ready(p) && node_of(p) == Some(spare.as_str()))
+                .count()
+                == 6
+        },
+    )
+    .await;
+    // The disruption controller's record: the budget was never overdrawn.
+    let pdb = Api::<PodDisruptionBudget>::namespaced(admin.clone(), &ns)
+        .get("web")
+        .await
+        .expect("pdb");
+    let st = pdb.status.expect("pdb status");
+    assert!(st.current_healthy >= st.desired_healthy, "{st:?}");
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
+/// NodeRestriction: a node may not evict another node's pods.
+async fn a_node_cannot_drain_another(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    let out = drain(&cluster.node_kubeconfig(&spare), &target, "10s");
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("forbidden") || err.contains("403"),
+        "{}",
+        text(&out)
+    );
+    let left = pods_of(&admin, &ns, "web").await;
+    assert!(
+        left.iter()
+            .all(|p| node_of(p) == Some(target.as_str()) && ready(p)),
+        "nothing evicted"
+    );
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
+/// Least privilege: bind rbac-agent.yaml's ClusterRole, minus one rule, to a fresh user; the
+/// drain that needs the rule fails and names what was forbidden.
+async fn each_agent_rule_is_needed(cluster: Cluster) {
+    let yaml = std::fs::read_to_string(common::repo().join("packaging/kubernetes/rbac-agent.yaml"))
+        .expect("rbac-agent.yaml");
+    let role: ClusterRole = serde_norway::Deserializer::from_str(&yaml)
+        .map(|d| serde_json::Value::deserialize(d).expect("yaml"))
+        .find(|v| v["kind"] == "ClusterRole")
+        .map(|v| serde_json::from_value(v).expect("role"))
+        .expect("a ClusterRole in rbac-agent.yaml");
+    let rules = role.rules.clone().unwrap_or_default();
+    // The drain uses all but events (best effort, logged when refused).
+    let needed = [
+        ("nodes", "cordon"),
+        ("pods", "list the node's pods"),
+        ("pods/eviction", "evict"),
+        ("poddisruptionbudgets", "budgets"),
+    ];
+    for (resource, what) in needed {
+        let (admin, ns, target, spare) = setup(&cluster, 2).await;
+        let user = unique("lp");
+        let name = format!("nodeward-test-{user}");
+        let kept: Vec<_> = rules
+            .iter()
+            .filter(|r| {
+                !r.resources
+                    .as_ref()
+                    .is_some_and(|rs| rs.iter().any(|x| x == resource))
+            })
+            .cloned()
+            .collect();
+        assert!(kept.len() < rules.len(), "no rule for {resource}");
+        let roles: Api<ClusterRole> = Api::all(admin.clone());
+        roles
+            .create(
+                &PostParams::default(),
+                &ClusterRole {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(name.clone()),
+                        ..Default::default()
+                    },
+                    rules: Some(kept),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("role");
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+        }))
+        .expect("binding");
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("binding");
+        let out = drain(&cluster.user_kubeconfig(&user, &[]), &target, "8s");
+        let all = text(&out);
+        assert!(
+            !out.status.success(),
+            "without {resource} ({what}) the drain must fail\n{all}"
+        );
+        assert!(
+            all.contains("forbidden") || all.contains("403") || all.contains("permission"),
+            "without {resource} the failure names the refusal\n{all}"
+        );
+        let _ = roles.delete(&name, &Default::default()).await;
+        let _ = Api::<ClusterRoleBinding>::all(admin.clone())
+            .delete(&name, &Default::default())
+            .await;
+        let _ = Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+            .patch(
+                &target,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"unschedulable": null}})),
+            )
+            .await;
+        teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+    }
+}
+
+use serde::Deserialize as _;
+
+real_only! {
+    a_node_drains_itself_within_the_budget => super::node_drains_itself_within_the_budget;
+    a_node_cannot_drain_another_nodes_pods => super::a_node_cannot_drain_another;
+    each_rule_of_the_shipped_agent_rbac_is_needed => super::each_agent_rule_is_needed;
+}
