@@ -28,6 +28,9 @@ pub const CONDITION_TYPE: &str = "nodeward.io/Ready";
 pub const REASON_PASSED: &str = "GatesPassed";
 /// `reason` of a `False` condition.
 pub const REASON_FAILING: &str = "GatesFailing";
+/// `reason` of a `False` condition past the agent's boot deadline: the machine should be
+/// replaced (the scaler's NeverReady repair).
+pub const REASON_NOT_READY_IN_TIME: &str = "NotReadyInTime";
 /// The startup taint's effect: new pods stay away, running ones (DaemonSets) stay.
 pub const STARTUP_TAINT_EFFECT: &str = "NoSchedule";
 /// Field manager of every write this module makes.
@@ -42,7 +45,7 @@ const MESSAGE_MAX: usize = 1024;
 pub struct Condition {
     /// `True` or `False`.
     pub status: bool,
-    /// [`REASON_PASSED`] or [`REASON_FAILING`].
+    /// [`REASON_PASSED`], [`REASON_FAILING`] or [`REASON_NOT_READY_IN_TIME`].
     pub reason: &'static str,
     /// Which gates fail, or that all pass.
     pub message: String,
@@ -61,10 +64,21 @@ pub fn desired_condition(verdict: &Verdict) -> Condition {
         crate::events::truncate_at_char(&mut message, MESSAGE_MAX);
         Condition {
             status: false,
-            reason: REASON_FAILING,
+            reason: if verdict.overdue {
+                REASON_NOT_READY_IN_TIME
+            } else {
+                REASON_FAILING
+            },
             message,
         }
     }
+}
+
+/// Whether the node's agent reports it did not become ready by its boot deadline.
+pub fn reports_not_ready_in_time(node: &Node) -> bool {
+    condition(node).is_some_and(|c| {
+        c.status == "False" && c.reason.as_deref() == Some(REASON_NOT_READY_IN_TIME)
+    })
 }
 
 /// The Node's [`CONDITION_TYPE`] condition, if it reports one.

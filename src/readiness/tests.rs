@@ -100,6 +100,23 @@ fn the_condition_names_the_failing_gates() {
 }
 
 #[test]
+fn past_the_boot_deadline_the_reason_says_so_and_the_scaler_reads_it() {
+    let mut v = verdict(&[("file f", GateState::Fail)]);
+    v.overdue = true;
+    let c = desired_condition(&v);
+    assert_eq!(c.reason, REASON_NOT_READY_IN_TIME);
+    let n: Node =
+        serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {"conditions": [
+            {"type": CONDITION_TYPE, "status": "False", "reason": c.reason, "message": c.message}
+        ]}}))
+        .expect("node");
+    assert!(reports_not_ready_in_time(&n));
+    let view = crate::scaler::model::node_view(&n, &Default::default());
+    assert!(view.not_ready_in_time);
+    assert!(!reports_not_ready_in_time(&node(Some("False"), true)));
+}
+
+#[test]
 fn a_long_message_is_cut_on_a_character_boundary() {
     let name = "é".repeat(2000);
     let c = desired_condition(&verdict(&[(name.as_str(), GateState::Fail)]));

@@ -502,6 +502,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         .collect();
     let mut bins: Vec<Bin<'_>> = Vec::new();
     let mut bin_group: Vec<Option<usize>> = Vec::new();
+    let mut startup_free: Vec<Vec<TaintView>> = Vec::new();
     for n in &snap.nodes {
         if repaired.contains(n.name.as_str()) || n.scale_down_in_progress {
             continue;
@@ -523,17 +524,8 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             claimed: false,
         });
         bin_group.push(n.group().and_then(|g| groups.get(g).copied()));
+        startup_free.push(n.lasting_taints());
     }
-    let startup_free: Vec<Vec<TaintView>> = bins
-        .iter()
-        .map(|b| {
-            b.taints
-                .iter()
-                .filter(|t| t.key != crate::render::values::STARTUP_TAINT_KEY)
-                .cloned()
-                .collect()
-        })
-        .collect();
     for m in &snap.machines {
         let Some(&gi) = groups.get(m.group.as_str()) else {
             continue;

@@ -16,6 +16,9 @@ pub const UNNEEDED_SINCE: &str = "nodeward.io/unneeded-since";
 pub const SCALE_DOWN_DISABLED: &str = "nodeward.io/scale-down-disabled";
 /// A pod annotation that blocks (`"false"`) or allows (`"true"`) removing its node.
 pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+/// The node lifecycle controller's taint on a node whose Ready condition is not True (also put
+/// on every new Node by the TaintNodesByCondition admission plugin).
+pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 /// The Event reason the agent emits on a Node whose readiness gates never passed.
 pub const NOT_READY_IN_TIME: &str = "NodeNotReadyInTime";
 /// Labels of hosts the scaler must never remove, whatever group label they carry.
@@ -74,6 +77,21 @@ impl NodeView {
     /// Still booting: registered with the startup taint the agent removes when ready.
     pub fn booting(&self) -> bool {
         self.taints.iter().any(|t| t.key == STARTUP_TAINT_KEY)
+    }
+
+    /// The taints pods will still meet once this node is up: without nodeward's startup taint
+    /// ("coming") and, on a node that is Ready or booting, without the node lifecycle
+    /// controller's `node.kubernetes.io/not-ready`, which it removes within seconds of Ready
+    /// (seen on the real control plane: counting it made the scaler create a third machine for
+    /// pods that fit the two just registered).
+    pub fn lasting_taints(&self) -> Vec<TaintView> {
+        let coming = self.ready || self.booting();
+        self.taints
+            .iter()
+            .filter(|t| t.key != STARTUP_TAINT_KEY)
+            .filter(|t| !(coming && t.key == NOT_READY_TAINT))
+            .cloned()
+            .collect()
     }
 
     /// A control-plane or etcd host.
@@ -195,7 +213,9 @@ fn ts(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<Timest
     Some(t.0)
 }
 
-/// Converts a Node. `not_ready_in_time` is the set of nodes the agent reported.
+/// Converts a Node. `not_ready_in_time` is the set of nodes the agent reported with an Event;
+/// the agent's `nodeward.io/Ready` condition with reason `NotReadyInTime` says the same and
+/// survives Event expiry.
 pub fn node_view(node: &Node, not_ready_in_time: &BTreeSet<String>) -> NodeView {
     let name = node.metadata.name.clone().unwrap_or_default();
     let annotations = node.metadata.annotations.clone().unwrap_or_default();
@@ -215,7 +235,8 @@ pub fn node_view(node: &Node, not_ready_in_time: &BTreeSet<String>) -> NodeView 
         .is_some_and(|r| r.reason.starts_with(super::SCALE_DOWN_REASON))
         && spec.unschedulable.unwrap_or(false);
     NodeView {
-        not_ready_in_time: not_ready_in_time.contains(&name),
+        not_ready_in_time: not_ready_in_time.contains(&name)
+            || crate::readiness::reports_not_ready_in_time(node),
         name,
         labels: node.metadata.labels.clone().unwrap_or_default(),
         taints: spec

@@ -200,6 +200,34 @@ fn constrained_pods_are_packed_before_flexible_ones() {
 }
 
 #[test]
+fn the_lifecycle_controllers_not_ready_taint_on_a_fresh_node_is_coming_too() {
+    // Seen on the real control plane: just untainted by the readiness controller, Ready, but
+    // node.kubernetes.io/not-ready not yet removed by the node lifecycle controller.
+    let s = settings(vec![group("web", 0, 10)]);
+    let not_ready = TaintView {
+        key: crate::scaler::model::NOT_READY_TAINT.into(),
+        value: String::new(),
+        effect: "NoSchedule".into(),
+    };
+    let mut snap = Snapshot::default();
+    let mut n = node("b", Some("web"));
+    n.taints.push(not_ready.clone());
+    snap.nodes.push(n);
+    snap.machines.push(machine("b", "web", at(-1)));
+    snap.pods.push(pod("p", 1000, 1));
+    assert!(scale_ups(&decide(&snap, t0(), &s)).is_empty());
+    // A node that is really not Ready keeps it: the pod needs another machine.
+    let mut snap = Snapshot::default();
+    let mut n = node("b", Some("web"));
+    n.taints.push(not_ready);
+    n.ready = false;
+    snap.nodes.push(n);
+    snap.machines.push(machine("b", "web", at(-1)));
+    snap.pods.push(pod("p", 1000, 1));
+    assert_eq!(scale_ups(&decide(&snap, t0(), &s)).len(), 1);
+}
+
+#[test]
 fn booting_nodes_and_registering_machines_count_as_coming() {
     let s = settings(vec![group("web", 0, 10)]);
     // A booting node (startup taint) takes the pod: no new machine.

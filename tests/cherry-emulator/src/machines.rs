@@ -146,11 +146,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Finds `[a-z0-9]{6}.[a-z0-9]{16}` in the user data and checks it as the apiserver would.
-fn check_token(kube: &EmulatorHandle, user_data: &str) -> Result<(), String> {
+/// The bootstrap token (`[a-z0-9]{6}.[a-z0-9]{16}`) in rendered user data, as (id, secret).
+pub fn find_bootstrap_token(user_data: &str) -> Option<(String, String)> {
     let bytes = user_data.as_bytes();
     let is_tok = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let token = (0..bytes.len().saturating_sub(22)).find_map(|i| {
+    (0..bytes.len().saturating_sub(22)).find_map(|i| {
         let w = &bytes[i..i + 23];
         let boundary_ok = i == 0 || !is_tok(&bytes[i - 1]);
         let end_ok = bytes.get(i + 23).is_none_or(|b| !is_tok(b));
@@ -165,8 +165,12 @@ fn check_token(kube: &EmulatorHandle, user_data: &str) -> Result<(), String> {
                 user_data[i + 7..i + 23].to_string(),
             )
         })
-    });
-    let Some((id, secret)) = token else {
+    })
+}
+
+/// Finds the bootstrap token in the user data and checks it as the apiserver would.
+fn check_token(kube: &EmulatorHandle, user_data: &str) -> Result<(), String> {
+    let Some((id, secret)) = find_bootstrap_token(user_data) else {
         return Err("no bootstrap token in the user data".into());
     };
     let obj = kube
@@ -202,7 +206,7 @@ fn check_token(kube: &EmulatorHandle, user_data: &str) -> Result<(), String> {
 
 /// Labels from kubelet's `node-labels` argument in the rendered kubeadm configuration: either
 /// `node-labels: "k=v,..."` (v1beta3) or `- name: node-labels` / `value: "k=v,..."` (v1beta4).
-fn node_labels(user_data: &str) -> BTreeMap<String, String> {
+pub fn node_labels(user_data: &str) -> BTreeMap<String, String> {
     let lines: Vec<&str> = user_data.lines().map(str::trim).collect();
     let quoted = |l: &str, prefix: &str| {
         l.strip_prefix(prefix)
