@@ -1,6 +1,24 @@
 # Shared helpers for scripts/*. Sourced, not run.
 
-step() { printf '\n==> %s\n' "$*"; }
+# step NAME: starts a timed step (the previous one's time is printed and kept for step_summary).
+_step_name=""
+_step_t0=$SECONDS
+_step_times=()
+_step_done() {
+  [ -n "$_step_name" ] || return 0
+  local d=$((SECONDS - _step_t0))
+  printf '    [%d s] %s\n' "$d" "$_step_name"
+  _step_times+=("$(printf '%6d s  %s' "$d" "$_step_name")")
+  _step_name=""
+}
+step() { _step_done; _step_name="$*"; _step_t0=$SECONDS; printf '\n==> %s\n' "$*"; }
+# step_summary: every step's time, and the total.
+step_summary() {
+  _step_done
+  printf '\nstep times:\n'
+  printf '%s\n' "${_step_times[@]}"
+  printf '%6d s  total\n' "$SECONDS"
+}
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 _apt_updated=0
