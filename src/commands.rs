@@ -298,10 +298,29 @@ fn agent(config: Option<&Path>) -> anyhow::Result<u8> {
         .build()
         .context("cannot start the async runtime")?
         .block_on(async {
-            let client = client_for(None, &settings).await?;
-            crate::agent::run(settings, node, client).await?;
+            let api = match agent_kubeconfig(&settings) {
+                // A file that kubeadm join may not have written yet: the agent waits for it.
+                Some(path) => crate::agent::ApiAccess::Kubeconfig(path),
+                None => crate::agent::ApiAccess::Client(client_for(None, &settings).await?),
+            };
+            crate::agent::run(settings, node, api).await?;
             Ok(EXIT_OK)
         })
+}
+
+/// The agent's kubeconfig file: `[node] kubeconfig`, else `KUBECONFIG` when it names one file
+/// (the unit sets it to kubelet.conf); `None` leaves it to kube's inference (in-cluster,
+/// `~/.kube/config`).
+fn agent_kubeconfig(settings: &crate::config::Settings) -> Option<std::path::PathBuf> {
+    if let Some(p) = &settings.node.kubeconfig {
+        return Some(p.clone());
+    }
+    let env = std::env::var_os("KUBECONFIG")?;
+    let mut paths = std::env::split_paths(&env).filter(|p| !p.as_os_str().is_empty());
+    match (paths.next(), paths.next()) {
+        (Some(one), None) => Some(one),
+        _ => None,
+    }
 }
 
 /// How long `nodeward status` waits for live facts from logind or the API before showing only

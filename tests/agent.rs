@@ -1097,3 +1097,172 @@ async fn http_gate_follows_the_health_endpoint() {
     healthy.store(true, std::sync::atomic::Ordering::SeqCst);
     wait_node(&emu, "schedulable again", schedulable).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Before the node joined: no kubeconfig yet, API server out of reach (issue 11)
+// ---------------------------------------------------------------------------------------------
+
+async fn dbusmock_logind() -> LogindHarness {
+    match LogindHarness::start(Options {
+        mode: Mode::DbusmockLogind,
+        ..Options::default()
+    })
+    .await
+    {
+        Ok(h) => h,
+        Err(e) => panic!("cannot start the logind harness: {e}"),
+    }
+}
+
+/// The emulator's kubeconfig with its server replaced by `server`.
+fn kubeconfig_with_server(emu: &EmulatorHandle, server: &str) -> String {
+    let text = std::fs::read_to_string(emu.kubeconfig_path()).expect("emulator kubeconfig");
+    text.lines()
+        .map(|l| match l.split_once("server:") {
+            Some((indent, _)) => format!("{indent}server: {server}"),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// cloud-init starts the agent before `kubeadm join` writes kubelet.conf (and before
+/// /etc/kubernetes exists): the agent keeps running, holds the lock, is READY, says what it waits
+/// for, and picks the kubeconfig up through inotify the moment it appears.
+#[tokio::test]
+async fn logind_agent_waits_for_its_kubeconfig_holding_the_lock() {
+    let h = dbusmock_logind().await;
+    let emu = emulator().await;
+    let later = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = later.path().join("etc/kubernetes/kubelet.conf");
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: None,
+        extra: &format!(
+            "#DROPIN\n[node]\nkubeconfig = \"{}\"\n",
+            kubeconfig.display()
+        ),
+    });
+    let st = agent
+        .wait_status("lock held and ready without a kubeconfig", |s| {
+            s.lock == nodeward::agent::state::Lock::Held && s.ready
+        })
+        .await;
+    assert!(
+        st.waiting_for
+            .contains(&format!("waiting for {}", kubeconfig.display()))
+            && st.waiting_for.contains("holding the shutdown lock"),
+        "{st}"
+    );
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    // As kubeadm does: the directory first, then the file, written whole.
+    let dir = kubeconfig.parent().expect("parent");
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let tmp = dir.join(".kubelet.conf.tmp");
+    std::fs::copy(emu.kubeconfig_path(), &tmp).expect("copy");
+    std::fs::rename(&tmp, &kubeconfig).expect("rename");
+    let st = agent
+        .wait_status("node seen through the new kubeconfig", |s| {
+            s.node_registered
+        })
+        .await;
+    assert!(!st.waiting_for.contains("kubelet.conf"), "{st}");
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    let log = agent.log_text();
+    assert_eq!(
+        log.matches("waiting for the kubeconfig").count(),
+        1,
+        "one line for the wait, not one per retry:\n{log}"
+    );
+    h.shutdown().await;
+}
+
+/// A shutdown before the node joined has nothing to drain: the lock goes at once.
+#[tokio::test]
+async fn logind_shutdown_without_a_kubeconfig_releases_at_once() {
+    let h = dbusmock_logind().await;
+    let emu = emulator().await;
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: None,
+        extra: "#DROPIN\n[node]\nkubeconfig = \"/nonexistent/nodeward-test/kubelet.conf\"\n",
+    });
+    agent
+        .wait_status("lock held", |s| {
+            s.lock == nodeward::agent::state::Lock::Held
+        })
+        .await;
+    let t0 = Instant::now();
+    h.emit_prepare_for_shutdown(true).await.expect("signal");
+    let st = agent
+        .wait_status("shutdown handled", |s| s.last_drain.is_some())
+        .await;
+    assert!(
+        st.last_drain
+            .as_ref()
+            .is_some_and(|d| d.outcome.contains("no kubeconfig yet")),
+        "{st}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(st.lock, nodeward::agent::state::Lock::Released);
+    h.shutdown().await;
+}
+
+/// With the API server out of reach the agent still takes the lock and sends READY (so
+/// `systemctl restart` and an upgrade's try-restart do not hang), says so in its STATUS, and
+/// logs the failure once, not once per retry.
+#[tokio::test]
+async fn logind_api_unreachable_at_start_ready_with_the_lock_and_quiet() {
+    let h = dbusmock_logind().await;
+    let emu = emulator().await;
+    // A port nothing listens on: bind one, then free it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubelet.conf");
+    std::fs::write(
+        &kubeconfig,
+        kubeconfig_with_server(&emu, &format!("http://127.0.0.1:{port}")),
+    )
+    .expect("kubeconfig");
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: None,
+        extra: &format!(
+            "#DROPIN\n[node]\nkubeconfig = \"{}\"\n",
+            kubeconfig.display()
+        ),
+    });
+    let t0 = Instant::now();
+    let st = agent
+        .wait_status("ready, API server unreachable", |s| {
+            s.ready && s.waiting_for.starts_with("API server unreachable")
+        })
+        .await;
+    assert_eq!(st.lock, nodeward::agent::state::Lock::Held, "{st}");
+    assert!(
+        st.waiting_for.ends_with("; holding the shutdown lock"),
+        "{st}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "READY took {:?}",
+        t0.elapsed()
+    );
+    // Observe the journal for a while: the watches keep retrying, the log does not grow.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let log = agent.log_text();
+    let failures = log.matches("failed; retrying").count();
+    assert!(
+        failures <= 2,
+        "{failures} retry lines in 8 s (one per distinct error expected):\n{log}"
+    );
+    h.shutdown().await;
+}

@@ -11,6 +11,13 @@
 //! the service): the agent closes its lock and exits without draining; `nodeward-drain.service`
 //! (`ExecStop=nodeward drain`) is the unit whose stop drains.
 //!
+//! The agent starts before the node has joined: cloud-init starts it, then runs `kubeadm join`,
+//! which writes the kubeconfig. So a missing kubeconfig is waited for (inotify on its directory,
+//! or the deepest ancestor that exists), a missing Node is waited for (the Node watch), and an
+//! unreachable API server is retried with backoff; none of them keeps the agent from taking
+//! logind's lock and telling systemd READY, because a machine that shuts down before it joined
+//! has nothing to drain, and `systemctl start` must not hang on the network.
+//!
 //! One task owns all state and reacts to events — watches on the own Node and pods, inotify,
 //! logind's signals and bus name, Unix signals — so nothing polls and nothing needs a lock.
 //! What to do is decided by the pure [`state`] machine and [`crate::gate::evaluate`]; this file
@@ -22,6 +29,7 @@ pub mod status;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -49,8 +57,16 @@ use status::{DrainSummary, Status};
 const LOGIND_RETRY_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between reconnection attempts: keeps "lock back within about a second".
 const LOGIND_RETRY_MAX: Duration = Duration::from_secs(1);
-/// After a failed write to the Node (API down), reconcile again this soon even without an event.
+/// After a failed write to the Node (API down), reconcile again this soon even without an event;
+/// doubles on every further failure up to [`RECONCILE_RETRY_MAX`].
 const RECONCILE_RETRY: Duration = Duration::from_secs(2);
+/// Longest wait between retries of a failing write: the watches still deliver every change at
+/// once, so this only bounds how long a transient error can delay a write.
+const RECONCILE_RETRY_MAX: Duration = Duration::from_secs(30);
+/// With the lock held, READY is sent once the watches have synced, or after this long without
+/// them: `systemctl start` (and a package upgrade's restart) must not wait on the API server,
+/// while a reachable one usually answers well within it, so READY still means "watches up" then.
+const READY_WITHOUT_API_AFTER: Duration = Duration::from_secs(5);
 /// The drain engine's own deadline ends this much before the lock's, so its report (pods left
 /// behind, the DrainTimedOut Event) is in hand before the lock must go.
 const DRAIN_REPORT_SLACK: Duration = Duration::from_millis(250);
@@ -65,6 +81,9 @@ const CAP_REREAD_INTERVAL: Duration = Duration::from_millis(50);
 
 /// The shutdown outcome when the Node does not exist (the machine goes down before it joined).
 const NOT_REGISTERED: &str = "nothing to drain: the node is not registered";
+/// The shutdown outcome when there is no kubeconfig yet (the machine goes down before
+/// `kubeadm join` wrote it).
+const NO_KUBECONFIG: &str = "nothing to drain: no kubeconfig yet (the node has not joined)";
 
 /// Stands in for "never" where an instant is needed (about 30 years).
 const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
@@ -89,13 +108,67 @@ pub enum Error {
     },
 }
 
+type WatchStream<K> = BoxStream<'static, watcher::Result<watcher::Event<K>>>;
 type DrainFuture = Pin<Box<dyn Future<Output = DrainSummary> + Send>>;
 type ProbeFuture = Pin<Box<dyn Future<Output = Vec<(String, HttpFact)>> + Send>>;
 
+/// How the agent reaches the API server.
+#[derive(Clone)]
+pub enum ApiAccess {
+    /// A client built already (kube's inference: in-cluster, `~/.kube/config`).
+    Client(kube::Client),
+    /// A kubeconfig file that may not exist yet (`kubeadm join` writes it after the agent
+    /// started): the agent waits for it.
+    Kubeconfig(PathBuf),
+}
+
+impl std::fmt::Debug for ApiAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Client(_) => f.write_str("Client"),
+            Self::Kubeconfig(p) => f.debug_tuple("Kubeconfig").field(p).finish(),
+        }
+    }
+}
+
 /// Runs the agent for `node` until SIGTERM or SIGINT.
-pub async fn run(settings: Settings, node: String, client: kube::Client) -> Result<(), Error> {
-    let mut agent = Agent::new(settings, node, client);
+pub async fn run(settings: Settings, node: String, api: ApiAccess) -> Result<(), Error> {
+    let (client, kubeconfig) = match api {
+        ApiAccess::Client(c) => (Some(c), None),
+        ApiAccess::Kubeconfig(p) => (None, Some(p)),
+    };
+    let mut agent = Agent::new(settings, node, client, kubeconfig);
     agent.main().await
+}
+
+/// Why there is no client yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KubeconfigState {
+    /// The file does not exist (yet).
+    Missing,
+    /// It exists but cannot be loaded (half written, wrong format): waiting for it to change.
+    Unloadable(String),
+}
+
+/// Logs a repeating condition once per change instead of once per retry.
+#[derive(Debug, Default)]
+struct Quiet {
+    last: Option<String>,
+}
+
+impl Quiet {
+    /// True when `text` differs from what was logged last (and remembers it).
+    fn changed(&mut self, text: &str) -> bool {
+        if self.last.as_deref() == Some(text) {
+            return false;
+        }
+        self.last = Some(text.to_string());
+        true
+    }
+    /// Forgets the condition; true when there was one.
+    fn clear(&mut self) -> bool {
+        self.last.take().is_some()
+    }
 }
 
 /// The relist-aware copy of the own pods.
@@ -140,7 +213,15 @@ impl PodMirror {
 struct Agent {
     settings: Settings,
     node: String,
-    client: kube::Client,
+    client: Option<kube::Client>,
+    /// The kubeconfig to wait for while `client` is `None`.
+    kubeconfig: Option<PathBuf>,
+    kubeconfig_state: Option<KubeconfigState>,
+    /// The last error from the API server (watch or write), until an answer comes.
+    api_error: Option<String>,
+    api_log: Quiet,
+    write_log: Quiet,
+    reconcile_backoff: Duration,
     gates: GateSet,
     phase: Phase,
     lock: Lock,
@@ -178,7 +259,12 @@ struct Agent {
 }
 
 impl Agent {
-    fn new(settings: Settings, node: String, client: kube::Client) -> Self {
+    fn new(
+        settings: Settings,
+        node: String,
+        client: Option<kube::Client>,
+        kubeconfig: Option<PathBuf>,
+    ) -> Self {
         let gates = GateSet {
             gates: settings.gates.gates(),
             boot_deadline: settings.agent.boot_deadline,
@@ -194,6 +280,12 @@ impl Agent {
             settings,
             node,
             client,
+            kubeconfig,
+            kubeconfig_state: None,
+            api_error: None,
+            api_log: Quiet::default(),
+            write_log: Quiet::default(),
+            reconcile_backoff: RECONCILE_RETRY,
             gates,
             phase: Phase::Booting,
             lock: Lock::Unheld,
@@ -249,22 +341,26 @@ impl Agent {
         let mut files = FileWatcher::new(paths, file_tx)?;
         self.facts.files = files.read_all();
 
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let mut node_events: BoxStream<'static, _> = watcher(
-            nodes,
-            watcher::Config::default().fields(&format!("metadata.name={}", self.node)),
-        )
-        .default_backoff()
-        .boxed();
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let mut pod_events: BoxStream<'static, _> = watcher(
-            pods,
-            watcher::Config::default().fields(&format!("spec.nodeName={}", self.node)),
-        )
-        .default_backoff()
-        .boxed();
+        // The kubeconfig: watched (like a gate file) until it loads.
+        let (kc_tx, mut kc_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut kc_files = match (&self.client, &self.kubeconfig) {
+            (None, Some(path)) => Some(FileWatcher::new(vec![path.clone()], kc_tx)?),
+            _ => None,
+        };
+        if self.client.is_none() {
+            self.load_kubeconfig().await;
+        }
+        let (mut node_events, mut pod_events) = match &self.client {
+            Some(c) => {
+                kc_files = None;
+                let (n, p) = self.watches(c);
+                (Some(n), Some(p))
+            }
+            None => (None, None),
+        };
 
         let mut logind_events = self.connect_logind().await;
+        let ready_anyway_at = self.started + READY_WITHOUT_API_AFTER;
 
         let http_client = gwatch::http_client();
         let mut http_tick = tokio::time::interval(self.settings.gates.http_interval);
@@ -287,6 +383,7 @@ impl Agent {
             let reconcile_at = self.reconcile_retry_at;
             let logind_at = self.logind_retry_at;
             let watch_deadline = !self.overdue_reported && self.phase.gates_act();
+            let ready_pending = !self.notified_ready;
             tokio::select! {
                 _ = sigterm.recv() => { info!("SIGTERM: the service is stopping (not a shutdown); releasing the lock without draining"); break; }
                 _ = sigint.recv() => { info!("SIGINT: stopping; releasing the lock without draining"); break; }
@@ -296,17 +393,42 @@ impl Agent {
                     self.facts.files = files.read_all();
                     self.reconcile().await;
                 }
-                Some(ev) = node_events.next() => {
+                Some(()) = kc_rx.recv(), if kc_files.is_some() => {
+                    while kc_rx.try_recv().is_ok() {}
+                    if let Some(w) = kc_files.as_mut() {
+                        w.rearm()?;
+                    }
+                    self.load_kubeconfig().await;
+                    if let Some(c) = self.client.clone() {
+                        kc_files = None;
+                        let (n, p) = self.watches(&c);
+                        node_events = Some(n);
+                        pod_events = Some(p);
+                    }
+                }
+                Some(ev) = next_or_pending(&mut node_events) => {
                     match ev {
-                        Ok(ev) => self.apply_node(ev),
-                        Err(e) => warn!(node = %self.node, error = %e, "node watch failed; retrying"),
+                        Ok(ev) => {
+                            self.api_answered();
+                            self.apply_node(ev);
+                        }
+                        Err(e) => {
+                            self.node_relist = None;
+                            self.api_failed("node watch", &e.to_string());
+                        }
                     }
                     self.reconcile().await;
                 }
-                Some(ev) = pod_events.next() => {
+                Some(ev) = next_or_pending(&mut pod_events) => {
                     match ev {
-                        Ok(ev) => self.pods.apply(ev),
-                        Err(e) => warn!(node = %self.node, error = %e, "pod watch failed; retrying"),
+                        Ok(ev) => {
+                            self.api_answered();
+                            self.pods.apply(ev);
+                        }
+                        Err(e) => {
+                            self.pods.relisting = None;
+                            self.api_failed("pod watch", &e.to_string());
+                        }
                     }
                     self.reconcile().await;
                 }
@@ -365,6 +487,8 @@ impl Agent {
                     self.reconcile().await;
                 }
                 _ = watchdog_tick.tick(), if watchdog.is_some() => notify(&[sd_notify::NotifyState::Watchdog]),
+                // Only to wake up publish(), which decides READY.
+                _ = tokio::time::sleep_until(ready_anyway_at), if ready_pending => {}
             }
             self.publish();
         }
@@ -375,6 +499,87 @@ impl Agent {
         self.publish();
         info!(node = %self.node, "agent stopped; lock closed");
         Ok(())
+    }
+
+    /// The Node and pod watches, with kube's backoff between failed attempts. `Init` (emitted
+    /// before every list attempt, answered or not) is dropped before the backoff: it is an `Ok`,
+    /// which resets the backoff, so an unreachable API server would be retried about once a
+    /// second forever. Without it, a relist starts with its first `InitApply`, and
+    /// an error drops a relist it cut short.
+    fn watches(&self, client: &kube::Client) -> (WatchStream<Node>, WatchStream<Pod>) {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let node_events = watcher(
+            nodes,
+            watcher::Config::default().fields(&format!("metadata.name={}", self.node)),
+        )
+        .filter(not_init)
+        .default_backoff()
+        .boxed();
+        let pods: Api<Pod> = Api::all(client.clone());
+        let pod_events = watcher(
+            pods,
+            watcher::Config::default().fields(&format!("spec.nodeName={}", self.node)),
+        )
+        .filter(not_init)
+        .default_backoff()
+        .boxed();
+        (node_events, pod_events)
+    }
+
+    /// Tries to build the client from the kubeconfig; logs only what changed.
+    async fn load_kubeconfig(&mut self) {
+        let Some(path) = self.kubeconfig.clone() else {
+            return;
+        };
+        let state = if path.exists() {
+            match crate::kube_client::client(Some(&path)).await {
+                Ok(c) => {
+                    info!(kubeconfig = %path.display(), "kubeconfig loaded; watching the Node");
+                    self.client = Some(c);
+                    self.kubeconfig_state = None;
+                    return;
+                }
+                Err(e) => KubeconfigState::Unloadable(e.to_string()),
+            }
+        } else {
+            KubeconfigState::Missing
+        };
+        if self.kubeconfig_state.as_ref() != Some(&state) {
+            match &state {
+                KubeconfigState::Missing => {
+                    info!(kubeconfig = %path.display(), "waiting for the kubeconfig (kubeadm join writes it)");
+                }
+                KubeconfigState::Unloadable(e) => {
+                    warn!(kubeconfig = %path.display(), error = %e, "cannot load the kubeconfig; waiting for it to change");
+                }
+            }
+            self.kubeconfig_state = Some(state);
+        }
+    }
+
+    /// A watch failed: remembered for STATUS, logged when it differs from the last failure.
+    fn api_failed(&mut self, what: &str, error: &str) {
+        if self.api_log.changed(error) {
+            warn!(node = %self.node, error = %error, "{what} failed; retrying with backoff (logged again only when the error changes)");
+        }
+        self.api_error = Some(error.to_string());
+    }
+
+    /// An answer from the API server.
+    fn api_answered(&mut self) {
+        self.api_error = None;
+        if self.api_log.clear() {
+            info!(node = %self.node, "API server answering again");
+        }
+    }
+
+    /// A write to the Node failed: retry later, with backoff, logging only a changed error.
+    fn write_failed(&mut self, what: &str, error: &str) {
+        if self.write_log.changed(error) {
+            warn!(node = %self.node, error = %error, retry_in = ?self.reconcile_backoff, "{what}; retrying with backoff (logged again only when the error changes)");
+        }
+        self.reconcile_retry_at = Some(Instant::now() + self.reconcile_backoff);
+        self.reconcile_backoff = (self.reconcile_backoff * 2).min(RECONCILE_RETRY_MAX);
     }
 
     fn apply_node(&mut self, ev: watcher::Event<Node>) {
@@ -545,8 +750,18 @@ impl Agent {
         let want = logind::wanted_cap(s, self.settings.drain.timeout);
         let path = &s.logind_dropin;
         warn!(cap = ?cap, want = ?want, dropin = %path.display(), "logind's InhibitDelayMaxSec is too short for the drain; raising it");
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::create_dir_all(dir);
+        if let Some(dir) = path.parent()
+            && !dir.exists()
+        {
+            // Like /etc/systemd itself: logind.conf.d holds no secrets, and 0755 is what every
+            // tool expects (the unit's UMask=0077 would make it 0700).
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir);
+            let _ =
+                std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755));
         }
         if let Err(e) =
             crate::fsutil::write_private_atomic(path, logind::dropin_text(want).as_bytes())
@@ -650,7 +865,9 @@ impl Agent {
         let now = Instant::now();
         self.shutdown_started = Some((now, jiff::Timestamp::now(), kind, policy, deadline));
         let reason = format!("shutdown ({kind:?})").to_lowercase();
-        let client = self.client.clone();
+        let Some(client) = self.client.clone() else {
+            return Some(Box::pin(async move { outcome(NO_KUBECONFIG) }));
+        };
         let node = self.node.clone();
         let exclude_lb = s.drain.exclude_from_load_balancers;
         let mut opts = crate::drain::DrainOptions::from_settings(&s.drain, reason.clone());
@@ -781,16 +998,20 @@ impl Agent {
             }
         }
         self.verdict = verdict;
+        let Some(client) = self.client.clone() else {
+            return;
+        };
         if !self.node_synced {
             return;
         }
         for action in state::reconcile(&self.view()) {
+            let mut failed: Option<(&str, String)> = None;
             let ok = match action {
                 Action::Transition(ev) => self.phase_to(ev),
                 Action::WriteCondition => {
                     let want = readiness::desired_condition(&self.verdict);
                     match readiness::write_condition(
-                        &self.client,
+                        &client,
                         &self.node,
                         self.node_obj.as_ref(),
                         &want,
@@ -803,7 +1024,7 @@ impl Agent {
                             true
                         }
                         Err(e) => {
-                            warn!(node = %self.node, error = %e, "cannot report readiness");
+                            failed = Some(("cannot report readiness", e.to_string()));
                             false
                         }
                     }
@@ -813,7 +1034,7 @@ impl Agent {
                     if add {
                         warn!(node = %self.node, failing = ?self.verdict.failing(), "a gate failed; putting the startup taint back");
                     }
-                    match readiness::set_startup_taint(&self.client, &self.node, add, None).await {
+                    match readiness::set_startup_taint(&client, &self.node, add, None).await {
                         Ok((n, written)) => {
                             // Fresher than the watch, which may still deliver older versions.
                             if written {
@@ -823,13 +1044,13 @@ impl Agent {
                             true
                         }
                         Err(e) => {
-                            warn!(node = %self.node, error = %e, "cannot change the startup taint");
+                            failed = Some(("cannot change the startup taint", e.to_string()));
                             false
                         }
                     }
                 }
                 Action::Uncordon => {
-                    match crate::drain::uncordon(&self.client, &self.node, false).await {
+                    match crate::drain::uncordon(&client, &self.node, false).await {
                         Ok(o) => {
                             info!(node = %self.node, outcome = ?o, "gates pass: nodeward's cordon lifted");
                             self.own_cordon = false;
@@ -840,7 +1061,7 @@ impl Agent {
                             true
                         }
                         Err(e) => {
-                            warn!(node = %self.node, error = %e, "cannot uncordon");
+                            failed = Some(("cannot uncordon", e.to_string()));
                             false
                         }
                     }
@@ -849,7 +1070,7 @@ impl Agent {
                     let failing = self.verdict.failing().join("; ");
                     error!(node = %self.node, boot_deadline = ?self.settings.agent.boot_deadline, failing = %failing, "NodeNotReadyInTime: the readiness gates did not pass in time");
                     node::event(
-                        &self.client,
+                        &client,
                         &self.node,
                         true,
                         "NodeNotReadyInTime",
@@ -864,28 +1085,72 @@ impl Agent {
                 }
             };
             if !ok {
-                self.reconcile_retry_at = Some(Instant::now() + RECONCILE_RETRY);
+                let (what, error) = failed.unwrap_or(("a transition was refused", String::new()));
+                self.write_failed(what, &error);
                 return;
             }
+        }
+        self.reconcile_backoff = RECONCILE_RETRY;
+        if self.write_log.clear() {
+            info!(node = %self.node, "writes to the Node succeed again");
         }
     }
 
     fn waiting_for(&self) -> String {
+        let lock = if self.lock == Lock::Held {
+            "holding the shutdown lock"
+        } else {
+            "waiting for logind to take the shutdown lock"
+        };
+        let kubeconfig = self
+            .kubeconfig
+            .as_deref()
+            .map_or_else(|| "the kubeconfig".into(), |p| p.display().to_string());
         match self.phase {
-            Phase::Draining => "draining the node before shutdown".into(),
-            Phase::Drained => "drained; shutdown lock released, waiting for the shutdown".into(),
-            _ if self.lock != Lock::Held => "waiting for logind to take the shutdown lock".into(),
-            Phase::Booting => format!("waiting for node {} to register", self.node),
-            Phase::Gated => format!("waiting for gates: {}", self.verdict.failing().join("; ")),
-            Phase::Ready => "node schedulable; holding the shutdown lock".into(),
+            Phase::Draining => return "draining the node before shutdown".into(),
+            Phase::Drained => {
+                return "drained; shutdown lock released, waiting for the shutdown".into();
+            }
+            _ => {}
         }
+        let what = match (&self.kubeconfig_state, &self.api_error) {
+            (Some(KubeconfigState::Missing), _) => {
+                format!("waiting for {kubeconfig} (kubeadm join writes it)")
+            }
+            (Some(KubeconfigState::Unloadable(e)), _) => {
+                format!("cannot load {kubeconfig}: {e}; waiting for it to change")
+            }
+            (None, Some(e)) => format!("API server unreachable: {e}"),
+            (None, None) => match self.phase {
+                Phase::Booting => format!("waiting for node {} to register", self.node),
+                Phase::Gated => {
+                    format!("waiting for gates: {}", self.verdict.failing().join("; "))
+                }
+                _ => match self.node_obj.as_ref().and_then(node::cordon_owner) {
+                    Some(who) => format!("gates pass; node cordoned by {who}"),
+                    None => "node schedulable".into(),
+                },
+            },
+        };
+        format!("{what}; {lock}")
     }
 
     /// Sends READY/STATUS to systemd and rewrites the status file when something changed.
     fn publish(&mut self) {
-        if !self.notified_ready && self.lock == Lock::Held && self.node_synced && self.pods.synced {
+        let watches_up = self.node_synced && self.pods.synced;
+        if !self.notified_ready
+            && self.lock == Lock::Held
+            && (watches_up
+                || self.client.is_none()
+                || self.api_error.is_some()
+                || self.started.elapsed() >= READY_WITHOUT_API_AFTER)
+        {
             self.notified_ready = true;
-            info!(node = %self.node, "lock held and watches up; ready");
+            if watches_up {
+                info!(node = %self.node, "lock held and watches up; ready");
+            } else {
+                info!(node = %self.node, status = %self.waiting_for(), "lock held; ready without the API server");
+            }
             notify(&[sd_notify::NotifyState::Ready]);
         }
         let line = self.waiting_for();
@@ -902,6 +1167,7 @@ impl Agent {
             lock_takes: self.lock_takes,
             inhibit_delay_max_ms: self.cap.map(millis),
             waiting_for: line,
+            ready: self.notified_ready,
             node_registered: n.is_some(),
             gates: self.verdict.gates.clone(),
             not_ready_in_time: self.overdue_reported,
@@ -957,6 +1223,11 @@ fn notify(states: &[sd_notify::NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(states) {
         warn!(error = %e, "cannot notify systemd");
     }
+}
+
+/// Keeps every watch item but `Init` (see [`Agent::watches`]).
+fn not_init<K>(ev: &watcher::Result<watcher::Event<K>>) -> std::future::Ready<bool> {
+    std::future::ready(!matches!(ev, Ok(watcher::Event::Init)))
 }
 
 async fn next_or_pending<T>(s: &mut Option<BoxStream<'static, T>>) -> Option<T> {

@@ -77,6 +77,10 @@ pub struct Status {
     pub inhibit_delay_max_ms: Option<u64>,
     /// What the agent waits for, as in systemd's STATUS=.
     pub waiting_for: String,
+    /// The agent has told systemd READY=1 (it holds the lock; the API server may still be out
+    /// of reach).
+    #[serde(default)]
+    pub ready: bool,
     /// The Node is registered.
     pub node_registered: bool,
     /// Per gate.
@@ -123,6 +127,15 @@ impl std::fmt::Display for Status {
         writeln!(f, "node:          {} (agent pid {})", self.node, self.pid)?;
         writeln!(f, "phase:         {:?}", self.phase)?;
         writeln!(f, "waiting for:   {}", self.waiting_for)?;
+        writeln!(
+            f,
+            "systemd:       {}",
+            if self.ready {
+                "READY sent"
+            } else {
+                "not ready yet (no shutdown lock)"
+            }
+        )?;
         writeln!(
             f,
             "shutdown lock: {:?}, taken {} time(s) (logind InhibitDelayMaxSec: {})",
@@ -204,6 +217,7 @@ mod tests {
             lock_takes: 1,
             inhibit_delay_max_ms: Some(120_000),
             waiting_for: "gates".into(),
+            ready: true,
             node_registered: true,
             gates: vec![GateStatus {
                 gate: "file /run/flannel/subnet.env".into(),
