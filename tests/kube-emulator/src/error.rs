@@ -157,6 +157,17 @@ impl ApiError {
         }
     }
 
+    /// 415 UnsupportedMediaType for an object body in a format the emulator does not decode.
+    pub fn unsupported_body(content_type: &str) -> Self {
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {content_type:?})"
+            ),
+        )
+    }
+
     /// 415 UnsupportedMediaType.
     pub fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(

@@ -1226,6 +1226,22 @@ impl State {
                 ),
             ));
         }
+        // The one piece of type validation clients meet in nodeward's suites (fidelity suite:
+        // kube-apiserver answers 422 for a pod without containers).
+        if res == PODS
+            && obj
+                .pointer("/spec/containers")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty)
+        {
+            return Err(ApiError::invalid(
+                def,
+                &name,
+                "spec.containers",
+                "FieldValueRequired",
+                "Required value",
+            ));
+        }
         let key = (ns.clone(), name.clone());
         if self.tables[res].objects.contains_key(&key) {
             return Err(ApiError::already_exists(def, &name));
@@ -1896,7 +1912,8 @@ mod tests {
             .create(
                 PODS,
                 Some("default"),
-                json!({"metadata": {"generateName": "web-"}}),
+                json!({"metadata": {"generateName": "web-"},
+                       "spec": {"containers": [{"name": "c", "image": "i"}]}}),
                 false,
             )
             .expect("generated");
@@ -1905,6 +1922,15 @@ mod tests {
             .create(PODS, Some("default"), json!({"metadata": {}}), false)
             .expect_err("no name");
         assert_eq!(e.code, 422);
+        let e = s
+            .create(
+                PODS,
+                Some("default"),
+                json!({"metadata": {"name": "empty"}}),
+                false,
+            )
+            .expect_err("no containers");
+        assert_eq!((e.code, e.reason), (422, "Invalid"));
     }
 
     #[test]
