@@ -1,0 +1,486 @@
+//! Figures on the real control plane (scripts/control-plane), side by side in one run:
+//! 1. drain of 110 pods with grace 0: `nodeward drain` as the node's own identity vs
+//!    `kubectl drain` as an operator, and the API requests each made (from the audit log);
+//! 2. a PodDisruptionBudget opens: how long until the blocked pod is evicted, both tools;
+//! 3. flannel file → node schedulable: the agent (node identity) reports, the readiness
+//!    controller (its ServiceAccount) untaints; median and p99 over 50 trials, beside the same
+//!    figure for the agent-untaints-itself path on kube-emulator.
+//!
+//! Run: `scripts/control-plane up DIR`, apply the shipped RBAC (scripts/test does both), then
+//! `NODEWARD_CONTROL_PLANE=DIR KUBECTL=… cargo bench --bench real`. Figures, not assertions.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+
+const PODS: i32 = 110;
+const RUNS: usize = 3;
+const TRIALS: usize = 50;
+const BUDGET_OPENS_AFTER: Duration = Duration::from_millis(1500);
+const STARTUP_TAINT: &str = "node.nodeward.io/not-ready";
+
+struct Cp {
+    dir: PathBuf,
+    scratch: tempfile::TempDir,
+}
+
+impl Cp {
+    fn kubeconfig(&self, args: &[&str], file: &str) -> PathBuf {
+        let out = Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/control-plane"
+        ))
+        .arg("kubeconfig")
+        .arg(&self.dir)
+        .args(args)
+        .output()
+        .expect("scripts/control-plane kubeconfig");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let p = self.scratch.path().join(file);
+        std::fs::write(&p, out.stdout).expect("write");
+        p
+    }
+    fn audit_count(&self, user: &str) -> usize {
+        let needle = format!("\"username\":\"{user}\"");
+        std::fs::read_to_string(self.dir.join("audit.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(&needle) && l.contains("\"stage\":\"ResponseComplete\""))
+            .count()
+    }
+}
+
+async fn client(kc: &Path) -> kube::Client {
+    nodeward::kube_client::client(Some(kc))
+        .await
+        .expect("client")
+}
+
+fn kubectl() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
+}
+
+fn median(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn p99(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[(v.len() * 99).div_ceil(100).saturating_sub(1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn add_node(admin: &kube::Client, name: &str, taints: Value) {
+    let n: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
+            "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "spec": {"taints": taints},
+        "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "pods": "120"},
+                   "capacity": {"cpu": "64", "memory": "256Gi", "pods": "120"},
+                   "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
+    }))
+    .expect("node");
+    Api::<Node>::all(admin.clone())
+        .create(&PostParams::default(), &n)
+        .await
+        .expect("node");
+}
+
+async fn namespace(admin: &kube::Client, ns: &str) {
+    let n: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns");
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &n)
+        .await
+        .expect("namespace");
+}
+
+/// A ReplicaSet of `n` grace-0 pods pinned to `node`, and waits until all run there.
+async fn workload(admin: &kube::Client, ns: &str, node: &str, n: i32) {
+    let rs: ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": "w", "namespace": ns},
+        "spec": {"replicas": n, "selector": {"matchLabels": {"app": "w"}},
+            "template": {"metadata": {"labels": {"app": "w"}}, "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
+    }))
+    .expect("rs");
+    Api::<ReplicaSet>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &rs)
+        .await
+        .expect("rs");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let t0 = Instant::now();
+    loop {
+        let running = pods
+            .list(&ListParams::default())
+            .await
+            .expect("pods")
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        if running == usize::try_from(n).expect("n") {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{running}/{n} running"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Stops the ReplicaSet from replacing pods (the drained node is their only place), so both
+/// tools wait for the same thing: the evicted pods gone.
+async fn cleanup(admin: &kube::Client, ns: &str, node: &str) {
+    let _ = Api::<Namespace>::all(admin.clone())
+        .delete(ns, &DeleteParams::default())
+        .await;
+    let _ = Api::<Node>::all(admin.clone())
+        .delete(node, &DeleteParams::default())
+        .await;
+}
+
+fn run_nodeward(kc: &Path, node: &str) -> Duration {
+    let t = Instant::now();
+    let st = Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(["drain", node, "--timeout", "120s", "--kubeconfig"])
+        .arg(kc)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("nodeward");
+    assert!(st.success(), "nodeward drain failed");
+    t.elapsed()
+}
+
+fn run_kubectl(kc: &Path, node: &str) -> Duration {
+    let t = Instant::now();
+    let out = Command::new(kubectl())
+        .args([
+            "drain",
+            node,
+            "--ignore-daemonsets",
+            "--force",
+            "--grace-period=-1",
+            "--timeout=120s",
+        ])
+        .arg(format!("--kubeconfig={}", kc.display()))
+        .output()
+        .expect("kubectl: set KUBECTL (tests/kube-emulator/install-kubectl.sh installs it)");
+    assert!(
+        out.status.success(),
+        "kubectl drain failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    t.elapsed()
+}
+
+/// Time from the budget opening to the blocked pod's eviction.
+async fn budget_latency(
+    admin: &kube::Client,
+    ns: &str,
+    node: &str,
+    drain: impl FnOnce() -> Duration + Send + 'static,
+) -> Duration {
+    workload(admin, ns, node, 1).await;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "w", "namespace": ns},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "w"}}}
+    }))
+    .expect("pdb");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), ns);
+    pdbs.create(&PostParams::default(), &pdb)
+        .await
+        .expect("pdb");
+    // Let the disruption controller publish the closed budget first.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let victim = pods.list(&ListParams::default()).await.expect("pods").items[0]
+        .metadata
+        .name
+        .clone()
+        .expect("name");
+    let handle = tokio::task::spawn_blocking(drain);
+    tokio::time::sleep(BUDGET_OPENS_AFTER).await;
+    let opened = Instant::now();
+    pdbs.patch(
+        "w",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"minAvailable": 0}})),
+    )
+    .await
+    .expect("open");
+    loop {
+        let p = pods.get_opt(&victim).await.expect("get");
+        if p.is_none_or(|p| p.metadata.deletion_timestamp.is_some()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let d = opened.elapsed();
+    let _ = handle.await;
+    d
+}
+
+async fn drain_figures(cp: &Cp, admin: &kube::Client) {
+    let operator = cp.kubeconfig(
+        &["--user", "bench-operator", "--group", "system:masters"],
+        "operator",
+    );
+    let mut nw = Vec::new();
+    let mut kc = Vec::new();
+    let (mut nw_req, mut kc_req) = (0, 0);
+    for run in 0..RUNS {
+        for tool in ["nodeward", "kubectl"] {
+            let node = format!("bench-{tool}-{run}-{}", std::process::id());
+            let ns = node.clone();
+            add_node(admin, &node, json!([])).await;
+            namespace(admin, &ns).await;
+            workload(admin, &ns, &node, PODS).await;
+            if tool == "nodeward" {
+                let id = format!("system:node:{node}");
+                let kcfg = cp.kubeconfig(&["--node", &node], &node);
+                let before = cp.audit_count(&id);
+                nw.push(run_nodeward(&kcfg, &node));
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                nw_req = cp.audit_count(&id) - before;
+            } else {
+                let before = cp.audit_count("bench-operator");
+                kc.push(run_kubectl(&operator, &node));
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                kc_req = cp.audit_count("bench-operator") - before;
+            }
+            cleanup(admin, &ns, &node).await;
+        }
+    }
+    let (n, k) = (median(&mut nw), median(&mut kc));
+    println!(
+        "real: 110 pods, grace 0:  nodeward {:>8.1} ms (system:node identity)   kubectl drain {:>8.1} ms   ratio {:>5.1}x",
+        ms(n),
+        ms(k),
+        ms(k) / ms(n)
+    );
+    println!(
+        "real: API requests per drain (audit log): nodeward {nw_req}   kubectl drain {kc_req}"
+    );
+
+    let mut nw = Vec::new();
+    let mut kc = Vec::new();
+    for run in 0..RUNS {
+        for tool in ["nodeward", "kubectl"] {
+            let node = format!("pdb-{tool}-{run}-{}", std::process::id());
+            add_node(admin, &node, json!([])).await;
+            namespace(admin, &node).await;
+            let d = if tool == "nodeward" {
+                let kcfg = cp.kubeconfig(&["--node", &node], &node);
+                let n2 = node.clone();
+                budget_latency(admin, &node, &node, move || run_nodeward(&kcfg, &n2)).await
+            } else {
+                let op = operator.clone();
+                let n2 = node.clone();
+                budget_latency(admin, &node, &node, move || run_kubectl(&op, &n2)).await
+            };
+            if tool == "nodeward" {
+                nw.push(d)
+            } else {
+                kc.push(d)
+            }
+            cleanup(admin, &node, &node).await;
+        }
+    }
+    let (n, k) = (median(&mut nw), median(&mut kc));
+    println!(
+        "real: PDB opens -> pod evicted:  nodeward {:>8.1} ms   kubectl drain {:>8.1} ms   ratio {:>5.1}x",
+        ms(n),
+        ms(k),
+        ms(k) / ms(n)
+    );
+}
+
+/// Spawns `nodeward ARGS` with its log in `dir`.
+fn spawn(args: &[&str], dir: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env(
+            "DBUS_SYSTEM_BUS_ADDRESS",
+            format!("unix:path={}", dir.join("none.sock").display()),
+        )
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("log")).expect("log"))
+        .spawn()
+        .expect("spawn nodeward")
+}
+
+fn agent_config(dir: &Path, node: &str, kc: &Path, untaint: &str) -> PathBuf {
+    let cfg = dir.join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[node]\nname = \"{node}\"\nkubeconfig = \"{}\"\n[agent]\nstatus_file = \"{}\"\nstartup_taint = \"{untaint}\"\n\
+             [shutdown]\nlogind_dropin = \"{}\"\n[gates]\nfile = [{{ path = \"{}\", contains = \"FLANNEL_SUBNET=\" }}]\npod = []\n",
+            kc.display(),
+            dir.join("status.json").display(),
+            dir.join("90.conf").display(),
+            dir.join("subnet.env").display()
+        ),
+    )
+    .expect("config");
+    cfg
+}
+
+/// One trial: a tainted node, its agent running and reporting False; flannel's file appears;
+/// the time until a watch sees the taint gone.
+async fn gate_trial(admin: &kube::Client, node: &str, kc: &Path, untaint: &str) -> Duration {
+    let dir = tempfile::tempdir().expect("dir");
+    let cfg = agent_config(dir.path(), node, kc, untaint);
+    let mut agent = spawn(
+        &["agent", "--config", cfg.to_str().expect("utf8")],
+        dir.path(),
+    );
+    let api: Api<Node> = Api::all(admin.clone());
+    let stream = watcher(
+        api,
+        watcher::Config::default().fields(&format!("metadata.name={node}")),
+    )
+    .applied_objects()
+    .boxed();
+    let mut stream = stream;
+    let tainted = |n: &Node| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == STARTUP_TAINT))
+    };
+    let reported = |n: &Node| nodeward::readiness::condition(n).is_some();
+    // Wait until the agent is watching (its first condition, or for the agent path its first
+    // status file), then write the file.
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
+            Ok(Some(Ok(n))) if reported(&n) && tainted(&n) => break,
+            Ok(Some(_)) => {}
+            _ => panic!("agent never reported on {node}"),
+        }
+    }
+    let tmp = dir.path().join(".s");
+    std::fs::write(&tmp, "FLANNEL_SUBNET=10.244.1.1/24\n").expect("write");
+    let t0 = Instant::now();
+    std::fs::rename(&tmp, dir.path().join("subnet.env")).expect("rename");
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
+            Ok(Some(Ok(n))) if !tainted(&n) => break,
+            Ok(Some(_)) => {}
+            _ => panic!("taint never removed from {node}"),
+        }
+    }
+    let d = t0.elapsed();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    d
+}
+
+async fn gate_figures(cp: &Cp, admin: &kube::Client) {
+    let sa = cp.kubeconfig(
+        &[
+            "--user",
+            "system:serviceaccount:kube-system:nodeward-readiness-controller",
+            "--group",
+            "system:serviceaccounts",
+        ],
+        "controller",
+    );
+    let cdir = tempfile::tempdir().expect("dir");
+    let mut controller = spawn(
+        &[
+            "controller",
+            "--kubeconfig",
+            sa.to_str().expect("utf8"),
+            "--lease-duration",
+            "5s",
+        ],
+        cdir.path(),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut real = Vec::new();
+    for i in 0..TRIALS {
+        let node = format!("gate-{i}-{}", std::process::id());
+        add_node(
+            admin,
+            &node,
+            json!([{"key": STARTUP_TAINT, "effect": "NoSchedule"}]),
+        )
+        .await;
+        let kc = cp.kubeconfig(&["--node", &node], &node);
+        real.push(gate_trial(admin, &node, &kc, "controller").await);
+        let _ = Api::<Node>::all(admin.clone())
+            .delete(&node, &DeleteParams::default())
+            .await;
+    }
+    let _ = controller.kill();
+    let _ = controller.wait();
+
+    // The same on kube-emulator, the agent untainting itself (no admission there).
+    let emu = kube_emulator::Emulator::start(kube_emulator::EmulatorOptions::default())
+        .await
+        .expect("emulator");
+    let eadmin = client(emu.kubeconfig_path()).await;
+    let mut emulated = Vec::new();
+    for i in 0..TRIALS {
+        let node = format!("gate-{i}");
+        add_node(
+            &eadmin,
+            &node,
+            json!([{"key": STARTUP_TAINT, "effect": "NoSchedule"}]),
+        )
+        .await;
+        emulated.push(gate_trial(&eadmin, &node, emu.kubeconfig_path(), "agent").await);
+    }
+    println!(
+        "real: flannel file -> schedulable (agent reports, controller untaints): median {:>6.1} ms  p99 {:>6.1} ms  ({TRIALS} trials)",
+        ms(median(&mut real)),
+        ms(p99(&mut real))
+    );
+    println!(
+        "emulator: flannel file -> schedulable (agent untaints itself):         median {:>6.1} ms  p99 {:>6.1} ms  ({TRIALS} trials)",
+        ms(median(&mut emulated)),
+        ms(p99(&mut emulated))
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let Some(dir) = std::env::var_os("NODEWARD_CONTROL_PLANE").map(PathBuf::from) else {
+        eprintln!(
+            "benches/real needs a running control plane: scripts/control-plane up DIR, apply \
+             packaging/kubernetes/{{rbac-agent,readiness-controller}}.yaml, then \
+             NODEWARD_CONTROL_PLANE=DIR cargo bench --bench real"
+        );
+        std::process::exit(2);
+    };
+    let cp = Cp {
+        dir,
+        scratch: tempfile::tempdir().expect("tempdir"),
+    };
+    let admin = client(&cp.dir.join("admin.kubeconfig")).await;
+    drain_figures(&cp, &admin).await;
+    gate_figures(&cp, &admin).await;
+}
