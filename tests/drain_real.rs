@@ -101,36 +101,27 @@ async fn setup(cluster: &Cluster, replicas: i32) -> (kube::Client, String, Strin
     nodeward::drain::cordon(&admin, &spare, "test setup", false)
         .await
         .expect("cordon spare");
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns"),
-        )
-        .await
-        .expect("namespace");
-    let deploy: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "web", "namespace": ns},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
-            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
-                "nodeSelector": {"nodeward-test/pool": ns},
-                "terminationGracePeriodSeconds": 0,
-                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
-    }))
-    .expect("deployment");
-    Api::<Deployment>::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &deploy)
-        .await
-        .expect("deployment");
-    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-        "metadata": {"name": "web", "namespace": ns},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}
-    }))
-    .expect("pdb");
-    Api::<PodDisruptionBudget>::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &pdb)
-        .await
-        .expect("pdb");
+    common::create_namespace(&admin, &ns).await;
+    common::create::<Deployment>(
+        &admin,
+        json!({
+            "metadata": {"name": "web", "namespace": ns},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
+                    "nodeSelector": {"nodeward-test/pool": ns},
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
+        }),
+    )
+    .await;
+    common::create::<PodDisruptionBudget>(
+        &admin,
+        json!({
+            "metadata": {"name": "web", "namespace": ns},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}
+        }),
+    )
+    .await;
     let n = usize::try_from(replicas).expect("replicas");
     wait_pods(&admin, &ns, "web", "all pods Ready on the target", |p| {
         p.len() == n

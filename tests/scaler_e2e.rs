@@ -1,13 +1,15 @@
 //! The scaler end to end: kube-emulator for the API, cherry-emulator for the cloud, a machine
 //! simulator that boots servers only with a valid bootstrap token, and a scheduler stand-in.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cherry_emulator::machines::{SimOptions, Simulator, schedule_once};
 use cherry_emulator::{CherryEmulator, Fault, Options, PlanSpec};
 use kube_emulator::{Emulator, EmulatorHandle, EmulatorOptions};
-use nodeward::config::{Capacity, GroupSettings, Settings};
+use nodeward::config::Settings;
 use nodeward::scaler::provider::AnyProvider;
 use nodeward::scaler::run::{RunOptions, Scaler};
 use serde_json::{Value, json};
@@ -26,29 +28,6 @@ struct Env {
     settings: Settings,
     _dir: tempfile::TempDir,
     _scheduler: tokio::task::JoinHandle<()>,
-}
-
-fn group(name: &str, max: u32) -> GroupSettings {
-    let mut capacity = Capacity::default();
-    capacity.resources.cpu_milli = 4000;
-    capacity.resources.memory = 16 << 30;
-    capacity.resources.pods = 110;
-    GroupSettings {
-        name: name.into(),
-        min: 0,
-        max,
-        standby: 0,
-        priority: 0,
-        plan: "e5_1620v4".into(),
-        region: "eu_nord_1".into(),
-        image: "ubuntu_24_04".into(),
-        ssh_keys: vec!["1".into()],
-        labels: Default::default(),
-        taints: Vec::new(),
-        template: concat!(env!("CARGO_MANIFEST_DIR"), "/cloud-init/worker.yaml.tera").into(),
-        hostname_pattern: None,
-        capacity,
-    }
 }
 
 async fn env(tune: impl FnOnce(&mut Settings)) -> Env {
@@ -89,7 +68,7 @@ async fn env(tune: impl FnOnce(&mut Settings)) -> Env {
     s.scale_down_unneeded_time = Duration::from_secs(1);
     s.max_provision_time = Duration::from_secs(30);
     s.backoff_initial = Duration::from_secs(2);
-    s.groups = vec![group("web", 5)];
+    s.groups = vec![common::scaler_group("web", 5)];
     settings.drain.timeout = Duration::from_secs(10);
     tune(&mut settings);
     let k2 = kube.clone();

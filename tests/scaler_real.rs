@@ -19,7 +19,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams, PostParams};
-use nodeward::config::{Capacity, GroupSettings, Settings};
+use nodeward::config::Settings;
 use nodeward::readiness::STARTUP_TAINT_KEY;
 use serde_json::{Value, json};
 
@@ -107,29 +107,6 @@ async fn whoami_with_token(cluster: &Cluster, token: &str) -> String {
         .unwrap_or_default()
 }
 
-fn group(name: &str, max: u32) -> GroupSettings {
-    let mut capacity = Capacity::default();
-    capacity.resources.cpu_milli = 4000;
-    capacity.resources.memory = 16 << 30;
-    capacity.resources.pods = 110;
-    GroupSettings {
-        name: name.into(),
-        min: 0,
-        max,
-        standby: 0,
-        priority: 0,
-        plan: "e5_1620v4".into(),
-        region: "eu_nord_1".into(),
-        image: "ubuntu_24_04".into(),
-        ssh_keys: vec!["1".into()],
-        labels: Default::default(),
-        taints: Vec::new(),
-        template: concat!(env!("CARGO_MANIFEST_DIR"), "/cloud-init/worker.yaml.tera").into(),
-        hostname_pattern: None,
-        capacity,
-    }
-}
-
 async fn scale_up_and_down(cluster: Cluster) {
     // The scaler runs in this process: its log goes to the test's output.
     let _ = tracing_subscriber::fmt()
@@ -174,7 +151,7 @@ package_url = "https://10.0.2.101/nodeward.{ext}"
     s.metrics_address = None;
     s.scale_down_unneeded_time = Duration::from_secs(2);
     s.max_provision_time = Duration::from_secs(60);
-    s.groups = vec![group(&group_name, 4)];
+    s.groups = vec![common::scaler_group(&group_name, 4)];
     settings.drain.timeout = Duration::from_secs(20);
 
     let _controller = common::spawn_controller(
@@ -209,37 +186,29 @@ package_url = "https://10.0.2.101/nodeward.{ext}"
 
     // Load: 6 pods of 1 CPU for this group's nodes only: two 4-CPU machines.
     let ns = unique("load");
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("ns"),
-        )
-        .await
-        .expect("namespace");
-    let deploy: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "load", "namespace": ns},
-        "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "load"}},
-            "template": {"metadata": {"labels": {"app": "load"}}, "spec": {
-                "nodeSelector": {"nodeward.io/node-group": group_name},
-                "terminationGracePeriodSeconds": 0,
-                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}}
-    }))
-    .expect("deployment");
+    common::create_namespace(&admin, &ns).await;
+    common::create::<Deployment>(
+        &admin,
+        json!({
+            "metadata": {"name": "load", "namespace": ns},
+            "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "load"}},
+                "template": {"metadata": {"labels": {"app": "load"}}, "spec": {
+                    "nodeSelector": {"nodeward.io/node-group": group_name},
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}}
+        }),
+    )
+    .await;
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), &ns);
-    deployments
-        .create(&PostParams::default(), &deploy)
-        .await
-        .expect("deployment");
-    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-        "metadata": {"name": "load", "namespace": ns},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "load"}}}
-    }))
-    .expect("pdb");
-    Api::<PodDisruptionBudget>::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &pdb)
-        .await
-        .expect("pdb");
+    common::create::<PodDisruptionBudget>(
+        &admin,
+        json!({
+            "metadata": {"name": "load", "namespace": ns},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "load"}}}
+        }),
+    )
+    .await;
 
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
     let mut machines = Machines::default();

@@ -428,3 +428,58 @@ pub fn spawn_controller(kubeconfig: &Path, flags: &[&str]) -> Proc {
     let kubeconfig = kubeconfig.display().to_string();
     Proc::spawn(&args, move |_| vec!["--kubeconfig".into(), kubeconfig])
 }
+
+/// Creates a namespaced object from its JSON (its `metadata.namespace` says where).
+pub async fn create<K>(client: &kube::Client, obj: Value) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + serde::Serialize,
+    K::DynamicType: Default,
+{
+    let ns = obj["metadata"]["namespace"]
+        .as_str()
+        .expect("metadata.namespace")
+        .to_string();
+    let typed: K = serde_json::from_value(obj).expect("object json");
+    Api::<K>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &typed)
+        .await
+        .unwrap_or_else(|e| panic!("create {}: {e}", K::kind(&K::DynamicType::default())))
+}
+
+/// Creates a namespace.
+pub async fn create_namespace(client: &kube::Client, name: &str) {
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace json");
+    Api::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+}
+
+/// A scaler node group of 4-CPU, 16 GiB machines (the Cherry emulator's plan `e5_1620v4`).
+pub fn scaler_group(name: &str, max: u32) -> nodeward::config::GroupSettings {
+    let mut capacity = nodeward::config::Capacity::default();
+    capacity.resources.cpu_milli = 4000;
+    capacity.resources.memory = 16 << 30;
+    capacity.resources.pods = 110;
+    nodeward::config::GroupSettings {
+        name: name.into(),
+        min: 0,
+        max,
+        standby: 0,
+        priority: 0,
+        plan: "e5_1620v4".into(),
+        region: "eu_nord_1".into(),
+        image: "ubuntu_24_04".into(),
+        ssh_keys: vec!["1".into()],
+        labels: Default::default(),
+        taints: Vec::new(),
+        template: concat!(env!("CARGO_MANIFEST_DIR"), "/cloud-init/worker.yaml.tera").into(),
+        hostname_pattern: None,
+        capacity,
+    }
+}
