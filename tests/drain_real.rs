@@ -282,10 +282,76 @@ async fn each_agent_rule_is_needed(cluster: Cluster) {
     }
 }
 
+/// The agent as the node's identity, holding its logind delay lock (the real systemd-logind on a
+/// private bus): PowerOff → it drains through the real Eviction API and budget → the lock goes
+/// before logind's cap, and the real ReplicaSet controller's replacements run elsewhere.
+async fn agent_drains_at_poweroff(cluster: Cluster) {
+    use logind_harness::{LogindHarness, Mode, Options};
+    const CAP: Duration = Duration::from_secs(20);
+    let (admin, ns, target, spare) = setup(&cluster, 6).await;
+    let h = LogindHarness::start(Options {
+        mode: Mode::Real,
+        inhibit_delay_max: CAP,
+        ..Options::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("cannot start the logind harness: {e}"));
+    let agent = common::spawn_agent_with_logind(
+        &target,
+        &cluster.node_kubeconfig(&target),
+        "[drain]\ntimeout = \"15s\"",
+        Some((h.bus_address(), h.dropin_dir())),
+    );
+    h.wait_for_inhibitors(LIMIT, |l| {
+        l.iter().any(|i| i.who == "nodeward" && i.mode == "delay")
+    })
+    .await
+    .expect("the agent takes its delay lock");
+    common::write_flannel(&agent);
+    let t0 = std::time::Instant::now();
+    h.power_off().await.expect("PowerOff");
+    h.wait_for_unit_started("poweroff.target", CAP + Duration::from_secs(5))
+        .await
+        .expect("logind proceeds once the lock is released");
+    let took = t0.elapsed();
+    eprintln!("PowerOff -> lock released after draining 6 pods as system:node:{target}: {took:?}");
+    assert!(
+        took < CAP,
+        "released by the agent, not logind's cap: {took:?}\n{}",
+        agent.log_text()
+    );
+    let pods = pods_of(&admin, &ns, "web").await;
+    assert!(
+        pods.iter().all(|p| node_of(p) != Some(target.as_str())),
+        "every pod left the node\n{}",
+        agent.log_text()
+    );
+    wait_pods(
+        &admin,
+        &ns,
+        "web",
+        "6 replacements Ready on the spare",
+        |p| {
+            p.iter()
+                .filter(|p| ready(p) && node_of(p) == Some(spare.as_str()))
+                .count()
+                == 6
+        },
+    )
+    .await;
+    assert!(
+        agent.log_text().contains("shutdown drain ended"),
+        "{}",
+        agent.log_text()
+    );
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
 use serde::Deserialize as _;
 
 real_only! {
     a_node_drains_itself_within_the_budget => super::node_drains_itself_within_the_budget;
     a_node_cannot_drain_another_nodes_pods => super::a_node_cannot_drain_another;
     each_rule_of_the_shipped_agent_rbac_is_needed => super::each_agent_rule_is_needed;
+    the_agent_drains_at_poweroff_as_the_node => super::agent_drains_at_poweroff;
 }

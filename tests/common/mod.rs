@@ -317,8 +317,18 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `nodeward ARGS…` with `RUST_LOG=info`, logging to a file in its own directory.
+    /// Starts `nodeward ARGS…` with `RUST_LOG=info`, logging to a file in its own directory,
+    /// with no system bus.
     pub fn spawn(args: &[&str], setup: impl FnOnce(&Path) -> Vec<String>) -> Self {
+        Self::spawn_on_bus(args, None, setup)
+    }
+
+    /// [`Proc::spawn`] with `DBUS_SYSTEM_BUS_ADDRESS=bus` (logind-harness's private bus).
+    pub fn spawn_on_bus(
+        args: &[&str],
+        bus: Option<&str>,
+        setup: impl FnOnce(&Path) -> Vec<String>,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let extra = setup(dir.path());
         let log = dir.path().join("log");
@@ -329,7 +339,10 @@ impl Proc {
             .env("RUST_LOG", "info,kube=warn")
             .env(
                 "DBUS_SYSTEM_BUS_ADDRESS",
-                format!("unix:path={}", dir.path().join("no-bus.sock").display()),
+                bus.map_or_else(
+                    || format!("unix:path={}", dir.path().join("no-bus.sock").display()),
+                    str::to_string,
+                ),
             )
             .env_remove("NOTIFY_SOCKET")
             .env_remove("JOURNAL_STREAM")
@@ -374,10 +387,23 @@ impl Drop for Proc {
 /// `nodeward agent` for `node` with the given kubeconfig, gated on a flannel file in its
 /// directory (plus the default node-condition gates); no logind (gates only).
 pub fn spawn_agent(node: &str, kubeconfig: &Path, extra_toml: &str) -> Proc {
+    spawn_agent_with_logind(node, kubeconfig, extra_toml, None)
+}
+
+/// [`spawn_agent`] on logind-harness's bus, writing its logind drop-in where the harness reads
+/// it: `logind` is (bus address, drop-in directory).
+pub fn spawn_agent_with_logind(
+    node: &str,
+    kubeconfig: &Path,
+    extra_toml: &str,
+    logind: Option<(&str, &Path)>,
+) -> Proc {
     let node = node.to_string();
     let kubeconfig = kubeconfig.to_path_buf();
     let extra_toml = extra_toml.to_string();
-    Proc::spawn(&["agent"], move |dir| {
+    let dropin_dir = logind.map(|(_, d)| d.to_path_buf());
+    Proc::spawn_on_bus(&["agent"], logind.map(|(b, _)| b), move |dir| {
+        let dropin = dropin_dir.unwrap_or_else(|| dir.to_path_buf());
         let config = dir.join("config.toml");
         std::fs::write(
             &config,
@@ -396,7 +422,7 @@ pod = []
 "#,
                 kc = kubeconfig.display(),
                 status = dir.join("status.json").display(),
-                dropin = dir.join("90-nodeward.conf").display(),
+                dropin = dropin.join("90-nodeward.conf").display(),
                 flannel = dir.join("subnet.env").display(),
             ),
         )
