@@ -127,6 +127,90 @@ async fn gate_failure_taints_again(cluster: Cluster) {
     cluster.remove_node(&node).await;
 }
 
+/// An agent restart (a package upgrade restarts it) is not a readiness change: while its watches
+/// resync it reports nothing, so the controller never puts the taint back on a ready node.
+async fn agent_restart_does_not_flap_the_taint(cluster: Cluster) {
+    let node = unique("restart");
+    let admin = cluster.admin().await;
+    cluster.add_node(&node, &[], startup_taint()).await;
+    let _controller = controller(&cluster, &["--mode", "continuous"]);
+    let kc = cluster.node_kubeconfig(&node);
+    let mut agent = spawn_agent(&node, &kc, "");
+    write_flannel(&agent);
+    wait_node(&admin, &node, "taint removed", LIMIT, |n| {
+        !has_startup_taint(n)
+    })
+    .await;
+    // flannel's pod on the node, Ready; the restarted agent gates on it too (a gate that is
+    // "not known yet" until its pod watch has listed).
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let flannel_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("flannel-{node}"), "labels": {"app": format!("flannel-{node}")}},
+        "spec": {"nodeName": node.clone(), "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &flannel_pod)
+        .await
+        .expect("pod");
+    if let Some(emu) = cluster.emu() {
+        emu.mark_pod_running_ready("default", &format!("flannel-{node}"))
+            .expect("ready");
+    }
+    let t0 = std::time::Instant::now();
+    while !pods
+        .get(&format!("flannel-{node}"))
+        .await
+        .expect("pod")
+        .status
+        .and_then(|s| s.conditions)
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    {
+        assert!(t0.elapsed() < LIMIT, "flannel pod never Ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    agent.stop();
+    // The new agent sees the same flannel file.
+    let flannel = agent.dir.path().join("subnet.env");
+    let again = common::Proc::spawn(&["agent"], |dir| {
+        let cfg = std::fs::read_to_string(agent.dir.path().join("config.toml"))
+            .expect("config")
+            .replace(
+                &agent.dir.path().join("status.json").display().to_string(),
+                &dir.join("status.json").display().to_string(),
+            )
+            .replace(
+                "pod = []",
+                &format!(
+                    "pod = [{{ namespace = \"default\", selector = \"app=flannel-{node}\" }}]"
+                ),
+            );
+        std::fs::write(dir.join("config.toml"), cfg).expect("config");
+        vec![
+            "--config".into(),
+            dir.join("config.toml").display().to_string(),
+        ]
+    });
+    assert!(flannel.exists());
+    // Watch the Node for 3 s: the taint must never come back.
+    let seen = tokio::time::timeout(
+        Duration::from_secs(3),
+        wait_node(
+            &admin,
+            &node,
+            "taint back (must not happen)",
+            LIMIT,
+            has_startup_taint,
+        ),
+    )
+    .await;
+    assert!(
+        seen.is_err(),
+        "the restart put the startup taint back\n{}",
+        again.log_text()
+    );
+    cluster.remove_node(&node).await;
+}
+
 /// Controller down: the node reports ready and stays tainted; the controller starts and catches
 /// up at once (from its initial list, not from a new event).
 async fn controller_down_then_catches_up(cluster: Cluster) {
@@ -237,6 +321,7 @@ both_backends! {
     continuous_mode_puts_the_taint_back => super::gate_failure_taints_again;
     a_controller_that_was_down_catches_up => super::controller_down_then_catches_up;
     two_replicas_never_both_act => super::two_replicas_never_both_act;
+    an_agent_restart_does_not_flap_the_taint => super::agent_restart_does_not_flap_the_taint;
 }
 
 real_only! {

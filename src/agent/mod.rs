@@ -969,6 +969,11 @@ impl Agent {
             condition_current: n.is_some_and(|n| {
                 readiness::condition_is_current(n, &readiness::desired_condition(&self.verdict))
             }),
+            verdict_known: self
+                .verdict
+                .gates
+                .iter()
+                .all(|g| g.state != crate::gate::GateState::Unknown),
             untaint_self: self.settings.agent.startup_taint == TaintOwner::Agent,
         }
     }

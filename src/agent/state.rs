@@ -160,6 +160,10 @@ pub struct View {
     pub retaint: bool,
     /// The Node's `nodeward.io/Ready` condition says what the gates say.
     pub condition_current: bool,
+    /// No gate is "not known yet" (watches listed, files read): only then is the verdict
+    /// worth reporting. A restarted agent must not report False while it resyncs, or the
+    /// controller would taint a ready node for a moment.
+    pub verdict_known: bool,
     /// `agent.startup_taint = "agent"`: the agent changes the startup taint itself (an identity
     /// NodeRestriction does not confine); otherwise the readiness controller does.
     pub untaint_self: bool,
@@ -199,7 +203,7 @@ pub fn reconcile(v: &View) -> Vec<Action> {
     if !v.node_exists {
         return out;
     }
-    if !v.condition_current {
+    if !v.condition_current && (v.verdict_known || v.overdue) {
         out.push(Action::WriteCondition);
     }
     let tainted = v.untaint_self && v.has_startup_taint;

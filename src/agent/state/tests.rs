@@ -88,6 +88,7 @@ fn view(phase: Phase) -> View {
         cordon: CordonView::NotCordoned,
         retaint: true,
         condition_current: true,
+        verdict_known: true,
         untaint_self: true,
     }
 }
@@ -286,6 +287,26 @@ fn reconcile_table() {
                 ..reporting(Phase::Booting)
             },
             vec![Transition(NodeSeen), WriteCondition],
+        ),
+        (
+            "a gate not known yet (a restarted agent resyncing): nothing reported",
+            View {
+                condition_current: false,
+                verdict_known: false,
+                ..reporting(Phase::Gated)
+            },
+            vec![],
+        ),
+        (
+            "past the boot deadline the verdict is reported even with gates unknown",
+            View {
+                condition_current: false,
+                verdict_known: false,
+                overdue: true,
+                overdue_reported: true,
+                ..reporting(Phase::Gated)
+            },
+            vec![WriteCondition],
         ),
         (
             "a stale condition is not rewritten while draining",
