@@ -139,3 +139,51 @@ fn current_means_same_status_reason_and_message() {
     };
     assert!(!condition_is_current(&node(Some("True"), false), &other));
 }
+
+/// packaging/kubernetes/node-readiness-rule.yaml under node-readiness-controller's documented
+/// semantics (a rule's taint is removed when every listed condition has its requiredStatus, and
+/// kept otherwise): it must map exactly our condition to exactly our startup taint.
+#[test]
+fn the_shipped_node_readiness_rule_maps_our_condition_to_our_taint() {
+    let rule: serde_json::Value = serde_norway::from_str(include_str!(
+        "../../packaging/kubernetes/node-readiness-rule.yaml"
+    ))
+    .expect("yaml");
+    assert_eq!(rule["kind"], "NodeReadinessRule");
+    assert_eq!(rule["spec"]["taint"]["key"], STARTUP_TAINT_KEY);
+    assert_eq!(rule["spec"]["taint"]["effect"], STARTUP_TAINT_EFFECT);
+    let mode = rule["spec"]["enforcementMode"].as_str().expect("mode");
+    assert!(["bootstrap-only", "continuous"].contains(&mode), "{mode}");
+    let conditions = rule["spec"]["conditions"].as_array().expect("conditions");
+    let satisfied = |n: &Node| {
+        conditions.iter().all(|c| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|x| c["type"] == x.type_.as_str()))
+                .is_some_and(|x| c["requiredStatus"] == x.status.as_str())
+        })
+    };
+    // What the agent writes for all gates passing, and for one failing.
+    let mut ready = node(None, true);
+    let pass = desired_condition(&verdict(&[("g", GateState::Pass)]));
+    ready
+        .status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default()
+        .push(NodeCondition {
+            type_: CONDITION_TYPE.into(),
+            status: if pass.status { "True" } else { "False" }.into(),
+            reason: Some(pass.reason.into()),
+            message: Some(pass.message),
+            ..NodeCondition::default()
+        });
+    assert!(satisfied(&ready), "rule satisfied: the taint goes");
+    assert_eq!(decide(&ready, Mode::Continuous), Some(TaintChange::Remove));
+    assert!(
+        !satisfied(&node(Some("False"), true)),
+        "False: the taint stays"
+    );
+    assert!(!satisfied(&node(None, true)), "no report: the taint stays");
+}
