@@ -67,6 +67,12 @@ const RECONCILE_RETRY_MAX: Duration = Duration::from_secs(30);
 /// them: `systemctl start` (and a package upgrade's restart) must not wait on the API server,
 /// while a reachable one usually answers well within it, so READY still means "watches up" then.
 const READY_WITHOUT_API_AFTER: Duration = Duration::from_secs(5);
+/// A kubeconfig that exists but does not load is tried again this soon even without an inotify
+/// event, doubling up to [`KUBECONFIG_RETRY_MAX`]: what it names (a client certificate kubelet is
+/// still writing) may live in a directory the agent does not watch.
+const KUBECONFIG_RETRY_MIN: Duration = Duration::from_secs(1);
+/// Longest wait between such retries.
+const KUBECONFIG_RETRY_MAX: Duration = Duration::from_secs(30);
 /// The drain engine's own deadline ends this much before the lock's, so its report (pods left
 /// behind, the DrainTimedOut Event) is in hand before the lock must go.
 const DRAIN_REPORT_SLACK: Duration = Duration::from_millis(250);
@@ -217,6 +223,8 @@ struct Agent {
     /// The kubeconfig to wait for while `client` is `None`.
     kubeconfig: Option<PathBuf>,
     kubeconfig_state: Option<KubeconfigState>,
+    kubeconfig_retry_at: Option<Instant>,
+    kubeconfig_backoff: Duration,
     /// The last error from the API server (watch or write), until an answer comes.
     api_error: Option<String>,
     api_log: Quiet,
@@ -282,6 +290,8 @@ impl Agent {
             client,
             kubeconfig,
             kubeconfig_state: None,
+            kubeconfig_retry_at: None,
+            kubeconfig_backoff: KUBECONFIG_RETRY_MIN,
             api_error: None,
             api_log: Quiet::default(),
             write_log: Quiet::default(),
@@ -398,6 +408,16 @@ impl Agent {
                     if let Some(w) = kc_files.as_mut() {
                         w.rearm()?;
                     }
+                    self.kubeconfig_backoff = KUBECONFIG_RETRY_MIN;
+                    self.load_kubeconfig().await;
+                    if let Some(c) = self.client.clone() {
+                        kc_files = None;
+                        let (n, p) = self.watches(&c);
+                        node_events = Some(n);
+                        pod_events = Some(p);
+                    }
+                }
+                _ = sleep_until_opt(self.kubeconfig_retry_at), if kc_files.is_some() => {
                     self.load_kubeconfig().await;
                     if let Some(c) = self.client.clone() {
                         kc_files = None;
@@ -537,11 +557,18 @@ impl Agent {
                     info!(kubeconfig = %path.display(), "kubeconfig loaded; watching the Node");
                     self.client = Some(c);
                     self.kubeconfig_state = None;
+                    self.kubeconfig_retry_at = None;
                     return;
                 }
-                Err(e) => KubeconfigState::Unloadable(e.to_string()),
+                Err(e) => {
+                    self.kubeconfig_retry_at = Some(Instant::now() + self.kubeconfig_backoff);
+                    self.kubeconfig_backoff =
+                        (self.kubeconfig_backoff * 2).min(KUBECONFIG_RETRY_MAX);
+                    KubeconfigState::Unloadable(e.to_string())
+                }
             }
         } else {
+            self.kubeconfig_retry_at = None;
             KubeconfigState::Missing
         };
         if self.kubeconfig_state.as_ref() != Some(&state) {
