@@ -46,7 +46,13 @@ pub fn init(level: Option<&str>) -> Result<(), Error> {
     let registry = tracing_subscriber::registry().with(filter);
     match journald {
         Some(layer) => registry
-            .with(layer.with_syslog_identifier("nodeward".to_string()))
+            // Fields as the README documents them (`NODE=`, `GATE=`, `OUTCOME=`), not the
+            // layer's default `F_NODE=`.
+            .with(
+                layer
+                    .with_syslog_identifier("nodeward".to_string())
+                    .with_field_prefix(None),
+            )
             .try_init(),
         None => registry
             .with(
