@@ -535,3 +535,28 @@ async fn a_failing_budget_list_does_not_block_evictions() {
     assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
     assert_eq!(report.evicted.len(), 1, "{report}");
 }
+
+/// A drain with nothing to evict (the agent drained first; the drain unit's ExecStop runs at the
+/// same shutdown) publishes no empty DrainStarted/DrainSucceeded pair.
+#[tokio::test]
+async fn nothing_to_evict_publishes_no_empty_events() {
+    let emu = emulator().await;
+    emu.seed_pod(
+        PodSeed::new("kube-system", "flannel-x")
+            .node(NODE)
+            .owner("DaemonSet", "flannel")
+            .ready(true),
+    )
+    .expect("ds");
+    let report = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(5)))
+        .await
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    let reasons = event_reasons(&emu);
+    assert!(
+        !reasons
+            .iter()
+            .any(|r| r == "DrainStarted" || r == "DrainSucceeded"),
+        "{reasons:?}"
+    );
+}

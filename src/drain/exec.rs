@@ -661,15 +661,20 @@ impl<'a> Drain<'a> {
             timeout = ?self.opts.timeout,
             "drain started"
         );
-        self.event(
-            EventType::Normal,
-            "DrainStarted",
-            format!(
-                "evicting {to_evict} pods within {:?}: {}",
-                self.opts.timeout, self.opts.reason
-            ),
-        )
-        .await;
+        // Nothing to evict or refuse (the agent already drained for this shutdown, say): the
+        // drain is logged, but no empty DrainStarted/DrainSucceeded pair goes on the Node.
+        let eventful = !self.tracked.is_empty();
+        if eventful {
+            self.event(
+                EventType::Normal,
+                "DrainStarted",
+                format!(
+                    "evicting {to_evict} pods within {:?}: {}",
+                    self.opts.timeout, self.opts.reason
+                ),
+            )
+            .await;
+        }
 
         let waves = plan::wave_deadlines(self.opts.timeout, &self.opts.plan.waves);
         let deadline = started + self.opts.timeout;
@@ -838,7 +843,9 @@ impl<'a> Drain<'a> {
                         refused.join(", ")
                     )
                 };
-                self.event(EventType::Normal, "DrainSucceeded", note).await;
+                if eventful {
+                    self.event(EventType::Normal, "DrainSucceeded", note).await;
+                }
             }
         }
         info!(node = self.node, summary = %report.to_string().trim_end(), "drain finished");
