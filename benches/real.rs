@@ -147,8 +147,9 @@ async fn workload(admin: &kube::Client, ns: &str, node: &str, n: i32) {
     }
 }
 
-/// Stops the ReplicaSet from replacing pods (the drained node is their only place), so both
-/// tools wait for the same thing: the evicted pods gone.
+/// Deletes the run's namespace and node. (The workload is pinned to its node, so during a drain
+/// the ReplicaSet's replacements stay Pending: both tools wait for the same thing, the evicted
+/// pods gone.)
 async fn cleanup(admin: &kube::Client, ns: &str, node: &str) {
     let _ = Api::<Namespace>::all(admin.clone())
         .delete(ns, &DeleteParams::default())

@@ -89,6 +89,18 @@ async fn wait_pods(
     }
 }
 
+/// Waits until `n` replacements of the `web` pods run Ready on `spare`.
+async fn wait_replaced(admin: &kube::Client, ns: &str, spare: &str, n: usize) {
+    let what = format!("{n} replacements Ready on the spare");
+    wait_pods(admin, ns, "web", &what, |p| {
+        p.iter()
+            .filter(|p| ready(p) && node_of(p) == Some(spare))
+            .count()
+            == n
+    })
+    .await;
+}
+
 /// A namespace of its own, a target node and a spare, `replicas` pods of a Deployment on the
 /// target (the spare is cordoned while they are placed), and a budget of maxUnavailable 1.
 async fn setup(cluster: &Cluster, replicas: i32) -> (kube::Client, String, String, String) {
@@ -157,19 +169,7 @@ async fn node_drains_itself_within_the_budget(cluster: Cluster) {
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("6 evicted"), "{}", text(&out));
-    wait_pods(
-        &admin,
-        &ns,
-        "web",
-        "6 replacements Ready on the spare",
-        |p| {
-            p.iter()
-                .filter(|p| ready(p) && node_of(p) == Some(spare.as_str()))
-                .count()
-                == 6
-        },
-    )
-    .await;
+    wait_replaced(&admin, &ns, &spare, 6).await;
     // The disruption controller's record: the budget was never overdrawn.
     let pdb = Api::<PodDisruptionBudget>::namespaced(admin.clone(), &ns)
         .get("web")
@@ -326,19 +326,7 @@ async fn agent_drains_at_poweroff(cluster: Cluster) {
         "every pod left the node\n{}",
         agent.log_text()
     );
-    wait_pods(
-        &admin,
-        &ns,
-        "web",
-        "6 replacements Ready on the spare",
-        |p| {
-            p.iter()
-                .filter(|p| ready(p) && node_of(p) == Some(spare.as_str()))
-                .count()
-                == 6
-        },
-    )
-    .await;
+    wait_replaced(&admin, &ns, &spare, 6).await;
     assert!(
         agent.log_text().contains("shutdown drain ended"),
         "{}",

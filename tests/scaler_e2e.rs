@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cherry_emulator::machines::{SimOptions, Simulator, schedule_once};
-use cherry_emulator::{CherryEmulator, Fault, Options, PlanSpec};
+use cherry_emulator::{CherryEmulator, Fault};
 use kube_emulator::{Emulator, EmulatorHandle, EmulatorOptions};
 use nodeward::config::Settings;
 use nodeward::scaler::provider::AnyProvider;
@@ -39,19 +39,7 @@ async fn env(tune: impl FnOnce(&mut Settings)) -> Env {
         .await
         .expect("kube emulator"),
     );
-    let cherry = Arc::new(
-        CherryEmulator::start(Options {
-            token: API_TOKEN.into(),
-            project_id: 7,
-            plans: vec![PlanSpec {
-                slug: "e5_1620v4".into(),
-                cores: 4,
-                memory_gb: 16,
-            }],
-        })
-        .await
-        .expect("cherry emulator"),
-    );
+    let cherry = common::cherry_emulator(API_TOKEN).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let values = dir.path().join("values.toml");
     std::fs::write(&values, VALUES).expect("values");

@@ -9,11 +9,10 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cherry_emulator::CherryEmulator;
 use cherry_emulator::machines::{find_bootstrap_token, node_labels};
-use cherry_emulator::{CherryEmulator, Options, PlanSpec};
 use common::{Cluster, Proc, spawn_agent, unique, write_flannel};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -114,19 +113,7 @@ async fn scale_up_and_down(cluster: Cluster) {
         .with_test_writer()
         .try_init();
     let admin = cluster.admin().await;
-    let cherry = Arc::new(
-        CherryEmulator::start(Options {
-            token: API_TOKEN.into(),
-            project_id: 7,
-            plans: vec![PlanSpec {
-                slug: "e5_1620v4".into(),
-                cores: 4,
-                memory_gb: 16,
-            }],
-        })
-        .await
-        .expect("cherry emulator"),
-    );
+    let cherry = common::cherry_emulator(API_TOKEN).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let values = dir.path().join("values.toml");
     std::fs::write(

@@ -527,23 +527,10 @@ impl Agent {
     /// second forever. Without it, a relist starts with its first `InitApply`, and
     /// an error drops a relist it cut short.
     fn watches(&self, client: &kube::Client) -> (WatchStream<Node>, WatchStream<Pod>) {
-        let nodes: Api<Node> = Api::all(client.clone());
-        let node_events = watcher(
-            nodes,
-            watcher::Config::default().fields(&format!("metadata.name={}", self.node)),
+        (
+            own_watch(client, &format!("metadata.name={}", self.node)),
+            own_watch(client, &format!("spec.nodeName={}", self.node)),
         )
-        .filter(not_init)
-        .default_backoff()
-        .boxed();
-        let pods: Api<Pod> = Api::all(client.clone());
-        let pod_events = watcher(
-            pods,
-            watcher::Config::default().fields(&format!("spec.nodeName={}", self.node)),
-        )
-        .filter(not_init)
-        .default_backoff()
-        .boxed();
-        (node_events, pod_events)
     }
 
     /// Tries to build the client from the kubeconfig; logs only what changed.
@@ -1258,6 +1245,26 @@ fn notify(states: &[sd_notify::NotifyState<'_>]) {
 }
 
 /// Keeps every watch item but `Init` (see [`Agent::watches`]).
+/// A cluster-wide watch of `K` narrowed by `fields`, without `Init` (see `Agent::watches`), with
+/// kube's backoff.
+fn own_watch<K>(client: &kube::Client, fields: &str) -> WatchStream<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+{
+    watcher(
+        Api::<K>::all(client.clone()),
+        watcher::Config::default().fields(fields),
+    )
+    .filter(not_init)
+    .default_backoff()
+    .boxed()
+}
+
 fn not_init<K>(ev: &watcher::Result<watcher::Event<K>>) -> std::future::Ready<bool> {
     std::future::ready(!matches!(ev, Ok(watcher::Event::Init)))
 }

@@ -509,3 +509,20 @@ pub fn scaler_group(name: &str, max: u32) -> nodeward::config::GroupSettings {
         capacity,
     }
 }
+
+/// The Cherry Servers emulator with project 7 and the one plan [`scaler_group`] describes.
+pub async fn cherry_emulator(token: &str) -> Arc<cherry_emulator::CherryEmulator> {
+    Arc::new(
+        cherry_emulator::CherryEmulator::start(cherry_emulator::Options {
+            token: token.into(),
+            project_id: 7,
+            plans: vec![cherry_emulator::PlanSpec {
+                slug: "e5_1620v4".into(),
+                cores: 4,
+                memory_gb: 16,
+            }],
+        })
+        .await
+        .expect("cherry emulator"),
+    )
+}
