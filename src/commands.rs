@@ -165,7 +165,7 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<u8>>>(f: F) -> anyhow
 fn node_name(arg: Option<&str>, settings: &crate::config::Settings) -> anyhow::Result<String> {
     arg.map(str::to_string)
         .or_else(|| settings.node.name.clone())
-        .or_else(crate::drain::exec::hostname)
+        .or_else(crate::events::hostname)
         .context("no node given, node.name is not set and the hostname cannot be read")
 }
 
@@ -201,16 +201,46 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
     }
     opts.plan.force |= args.force;
     opts.plan.delete_emptydir_data |= args.delete_emptydir_data;
-    // As nodeward-drain.service's ExecStop during a system shutdown, the cordon is a shutdown
-    // cordon that the agent lifts after the reboot; an operator's drain stays.
-    opts.shutdown = system_is_stopping().await;
-    if opts.shutdown {
-        opts.reason = "shutdown (nodeward-drain.service stopped by the system)".into();
+    // As nodeward-drain.service's ExecStop during a system shutdown: the agent's policy, and
+    // nothing the agent already did (see crate::shutdown). The cordon is a shutdown cordon that
+    // the agent lifts after the reboot; an operator's drain stays.
+    let shutdown = if args.dry_run {
+        None
+    } else {
+        crate::shutdown::system_shutdown().await
+    };
+    let mut policy = crate::config::ShutdownPolicy::Drain;
+    if let Some(kind) = shutdown {
+        let agent = crate::agent::status::read(&settings.agent.status_file).ok();
+        match crate::shutdown::unit_action(agent.as_ref(), kind, &settings.shutdown) {
+            crate::shutdown::UnitAction::AgentDone(outcome) => {
+                let outcome = outcome.map_or_else(|| "unknown".into(), |o| o.to_string());
+                tracing::info!(node, %outcome, "the agent already handled this shutdown; nothing to do");
+                return Ok(EXIT_OK);
+            }
+            crate::shutdown::UnitAction::Apply(kind, p) => {
+                tracing::info!(node, ?kind, policy = ?p, "system shutdown: applying the [shutdown] policy");
+                if p == crate::config::ShutdownPolicy::Nothing {
+                    return Ok(EXIT_OK);
+                }
+                policy = p;
+            }
+        }
+        opts.shutdown = true;
+        opts.reason = format!("shutdown ({kind:?}; nodeward-drain.service stopped by the system)")
+            .to_lowercase();
     }
     let client = client_for(args.kubeconfig.as_deref(), &settings).await?;
     if args.dry_run {
         let plan = crate::drain::dry_run(&client, &node, &opts).await?;
         print_plan(&node, &plan);
+        return Ok(EXIT_OK);
+    }
+    if policy == crate::config::ShutdownPolicy::Cordon {
+        let reason = &opts.reason;
+        let exclude_lb = opts.exclude_from_load_balancers;
+        crate::drain::cordon_for_shutdown(&client, &node, reason, exclude_lb).await?;
+        println!("node {node}: cordoned ({reason})");
         return Ok(EXIT_OK);
     }
     let report = crate::drain::drain(&client, &node, &opts).await?;
@@ -220,24 +250,6 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         crate::drain::DrainOutcome::Refused => EXIT_REFUSED,
         crate::drain::DrainOutcome::DeadlineExceeded => EXIT_DEADLINE,
     })
-}
-
-/// How long `systemctl is-system-running` may take before the answer counts as "not stopping".
-const SYSTEMCTL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Whether systemd is shutting the machine down (`systemctl is-system-running` says
-/// "stopping"). Anything else, including no systemd at all, counts as not stopping.
-async fn system_is_stopping() -> bool {
-    let run = tokio::process::Command::new("systemctl")
-        .arg("is-system-running")
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    match tokio::time::timeout(SYSTEMCTL_TIMEOUT, run).await {
-        Ok(Ok(out)) => String::from_utf8_lossy(&out.stdout).trim() == "stopping",
-        _ => false,
-    }
 }
 
 fn print_plan(node: &str, plan: &crate::drain::plan::Plan) {

@@ -13,9 +13,16 @@ pub const NOTE_MAX: usize = 1000;
 pub fn recorder(client: &kube::Client, controller: &str, instance: Option<String>) -> Recorder {
     let reporter = Reporter {
         controller: controller.into(),
-        instance: instance.or_else(crate::drain::exec::hostname),
+        instance: instance.or_else(hostname),
     };
     Recorder::new(client.clone(), reporter)
+}
+
+/// This machine's hostname, the reporter instance of its Events.
+pub fn hostname() -> Option<String> {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
 }
 
 /// `note` cut to [`NOTE_MAX`] bytes on a character boundary.

@@ -16,7 +16,7 @@ use kube_emulator::{
     Emulator, EmulatorHandle, EmulatorOptions, EvictionOutcome, FaultRule, PodSeed,
 };
 use logind_harness::{LogindHarness, Mode, Options};
-use nodeward::agent::status::Status;
+use nodeward::agent::status::{ShutdownOutcome, Status};
 use nodeward::drain::cordon::CORDONED_BY;
 use serde_json::json;
 
@@ -600,7 +600,7 @@ async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
         .wait_status("drained", |s| s.last_drain.is_some())
         .await;
     let d = st.last_drain.as_ref().expect("drain");
-    assert_eq!(d.outcome, "drained", "{st}");
+    assert_eq!(d.outcome, ShutdownOutcome::Drained, "{st}");
     assert_eq!(d.evicted, 6);
     assert_eq!(st.lock, nodeward::agent::state::Lock::Released);
     assert!(cordoned_by_us(&emu_node(&emu)));
@@ -719,9 +719,50 @@ async fn logind_api_failing_during_shutdown_releases_the_lock_by_the_deadline() 
         .wait_status("drain recorded", |s| s.last_drain.is_some())
         .await;
     let d = st.last_drain.as_ref().expect("drain");
-    assert!(d.outcome.contains("deadline"), "{st}");
+    assert_eq!(d.outcome, ShutdownOutcome::DeadlineExceeded(None), "{st}");
     assert_eq!(d.left_behind.len(), 3, "{st}");
     assert!(cordoned_by_us(&emu_node(&emu)), "cordoned and annotated");
+    h.shutdown().await;
+}
+
+/// A drain error that trying again cannot fix (here the credentials may not evict) ends the
+/// shutdown drain at once, reported as a failure, instead of being retried until the deadline
+/// while the machine waits.
+#[tokio::test]
+async fn logind_a_permanent_drain_error_is_not_retried() {
+    let h = harness(Duration::from_secs(40)).await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    seed_workload(&emu, 3);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: Some(h.dropin_dir()),
+        extra: "#DROPIN\n[drain]\ntimeout = \"30s\"\n",
+    });
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 1)
+        .await
+        .expect("lock");
+    emu.add_fault(FaultRule::rate("create", "pods/eviction", 403, 1.0));
+    h.power_off().await.expect("PowerOff");
+    let st = agent
+        .wait_status("drain recorded", |s| s.last_drain.is_some())
+        .await;
+    let d = st.last_drain.as_ref().expect("drain");
+    assert!(
+        matches!(&d.outcome, ShutdownOutcome::Failed(e) if e.contains("create pods/eviction")),
+        "{st}\n{}",
+        agent.log_text()
+    );
+    assert!(
+        !agent.log_text().contains("retrying until the deadline"),
+        "{}",
+        agent.log_text()
+    );
+    h.wait_for_unit_started("poweroff.target", SOON)
+        .await
+        .expect("the lock goes at once");
     h.shutdown().await;
 }
 
@@ -758,7 +799,7 @@ async fn logind_api_unreachable_during_shutdown_releases_the_lock_by_the_deadlin
         .await;
     let d = st.last_drain.as_ref().expect("drain");
     assert!(
-        d.outcome.contains("cannot get node") || d.outcome.contains("deadline"),
+        matches!(&d.outcome, ShutdownOutcome::DeadlineExceeded(Some(e)) if e.contains("cannot get node")),
         "the failure is reported: {st}"
     );
     h.shutdown().await;
@@ -947,7 +988,7 @@ async fn logind_metadata_reboot_applies_the_reboot_policy() {
     let d = st.last_drain.as_ref().expect("drain");
     assert_eq!(d.kind, nodeward::logind::ShutdownKind::Reboot, "{st}");
     assert_eq!(d.policy, nodeward::config::ShutdownPolicy::Cordon, "{st}");
-    assert_eq!(d.outcome, "cordoned", "{st}");
+    assert_eq!(d.outcome, ShutdownOutcome::Cordoned, "{st}");
     assert_eq!(st.lock, nodeward::agent::state::Lock::Released);
     assert!(cordoned_by_us(&emu_node(&emu)));
     assert!(emu.evictions().is_empty(), "the reboot policy only cordons");
@@ -1020,8 +1061,8 @@ async fn logind_shutdown_before_the_node_registered_releases_at_once() {
         .wait_status("shutdown handled", |s| s.last_drain.is_some())
         .await;
     assert_eq!(
-        st.last_drain.as_ref().map(|d| d.outcome.as_str()),
-        Some("nothing to drain: the node is not registered"),
+        st.last_drain.as_ref().map(|d| &d.outcome),
+        Some(&ShutdownOutcome::NotRegistered),
         "{st}"
     );
     assert!(
@@ -1204,7 +1245,7 @@ async fn logind_shutdown_without_a_kubeconfig_releases_at_once() {
     assert!(
         st.last_drain
             .as_ref()
-            .is_some_and(|d| d.outcome.contains("no kubeconfig yet")),
+            .is_some_and(|d| d.outcome == ShutdownOutcome::NoKubeconfig),
         "{st}"
     );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
@@ -1219,11 +1260,18 @@ async fn logind_shutdown_without_a_kubeconfig_releases_at_once() {
 async fn logind_api_unreachable_at_start_ready_with_the_lock_and_quiet() {
     let h = dbusmock_logind().await;
     let emu = emulator().await;
-    // A port nothing listens on: bind one, then free it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    // An "API server" that accepts each connection and closes it at once, counting them.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let port = listener.local_addr().expect("addr").port();
+    let (tried, mut attempts) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            drop(conn);
+            let _ = tried.send(());
+        }
+    });
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubelet.conf");
     std::fs::write(
@@ -1256,13 +1304,18 @@ async fn logind_api_unreachable_at_start_ready_with_the_lock_and_quiet() {
         "READY took {:?}",
         t0.elapsed()
     );
-    // Observe the journal for a while: the watches keep retrying, the log does not grow.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // The watches keep retrying; the log does not grow with them.
+    let until = tokio::time::Instant::now() + SOON;
+    for n in 0..8 {
+        tokio::time::timeout_at(until, attempts.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {n} connection attempts; the agent stopped retrying"));
+    }
     let log = agent.log_text();
     let failures = log.matches("failed; retrying").count();
     assert!(
         failures <= 2,
-        "{failures} retry lines in 8 s (one per distinct error expected):\n{log}"
+        "{failures} retry lines for 8 attempts (one per distinct error expected):\n{log}"
     );
     h.shutdown().await;
 }

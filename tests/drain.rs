@@ -7,6 +7,8 @@ use kube_emulator::{
     Emulator, EmulatorHandle, EmulatorOptions, EvictionOutcome, FaultRule, PodSeed,
 };
 use nodeward::config::{OnDeadline, Settings, Wave};
+use nodeward::drain::plan::RefuseReason;
+use nodeward::drain::step::Refusal;
 use nodeward::drain::{self, DrainOptions, DrainOutcome};
 use serde_json::json;
 
@@ -154,7 +156,7 @@ async fn refuses_unmanaged_and_emptydir_pods_unless_allowed() {
         report
             .refused
             .iter()
-            .any(|(_, why)| why.contains("--force"))
+            .any(|(_, why)| *why == Refusal::Plan(RefuseReason::Unmanaged))
     );
 
     let mut o = options(Duration::from_secs(10));
@@ -301,8 +303,17 @@ async fn deadline_wait_keeps_going_until_the_budget_opens() {
     let mut o = options(Duration::from_millis(300));
     o.on_deadline = OnDeadline::Wait;
     let emu2 = emu.clone();
+    let past_deadline = tokio::time::Instant::now() + o.timeout * 2;
     let opener = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        // Open the budget only once the drain has been refused and its deadline has passed.
+        while !emu2
+            .evictions()
+            .iter()
+            .any(|e| matches!(e.outcome, EvictionOutcome::Blocked { .. }))
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep_until(past_deadline).await;
         emu2.seed_pod(
             PodSeed::new("default", "web-new")
                 .node("worker-2")
@@ -317,7 +328,10 @@ async fn deadline_wait_keeps_going_until_the_budget_opens() {
         .expect("drain");
     opener.await.expect("opener");
     assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
-    assert!(report.elapsed >= Duration::from_millis(700));
+    assert!(
+        report.elapsed > o.timeout,
+        "went on past its deadline: {report}"
+    );
 }
 
 #[tokio::test]
@@ -331,7 +345,10 @@ async fn survives_api_errors_and_a_dropped_watch() {
     emu.add_fault(FaultRule::count("create", "pods/eviction", 503, 3));
     let emu2 = emu.clone();
     let dropper = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Drop the watches in the middle of the drain: once the first evictions are in.
+        while emu2.evictions().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         emu2.close_watches();
     });
     let report = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(20)))
@@ -370,9 +387,7 @@ async fn multiple_budgets_are_refused_not_retried() {
         .expect("drain");
     assert_eq!(report.outcome, DrainOutcome::Refused, "{report}");
     assert!(
-        report.refused[0]
-            .1
-            .contains("more than one PodDisruptionBudget"),
+        matches!(&report.refused[0].1, Refusal::MultipleBudgets(b) if b.len() == 2),
         "{report}"
     );
 }
@@ -559,4 +574,110 @@ async fn nothing_to_evict_publishes_no_empty_events() {
             .any(|r| r == "DrainStarted" || r == "DrainSucceeded"),
         "{reasons:?}"
     );
+}
+
+/// Runs `nodeward drain` as nodeward-drain.service's ExecStop while systemd shuts the machine
+/// down: a stand-in `systemctl` first on PATH answers `is-system-running` with "stopping" and
+/// lists `target` being started, as systemd's job queue does during a shutdown.
+async fn unit_stop(
+    emu: &EmulatorHandle,
+    dir: &std::path::Path,
+    target: &str,
+    toml: &str,
+) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    let systemctl = bin.join("systemctl");
+    std::fs::write(
+        &systemctl,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in\n  is-system-running) echo stopping ;;\n  list-jobs) echo '1 {target} start waiting'; echo '2 nodeward-drain.service stop running' ;;\nesac\n"
+        ),
+    )
+    .expect("systemctl");
+    std::fs::set_permissions(&systemctl, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[agent]\nstatus_file = \"{}\"\n{toml}",
+            dir.join("status.json").display()
+        ),
+    )
+    .expect("config");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // Async: the emulator serves from this test's runtime.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(["drain", NODE, "--config"])
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(emu.kubeconfig_path())
+        .env("PATH", path)
+        .env("RUST_LOG", "info")
+        .output()
+        .await
+        .expect("run nodeward drain");
+    let text = format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    text
+}
+
+fn cordoned(emu: &EmulatorHandle) -> bool {
+    emu.get("nodes", None, NODE)
+        .is_some_and(|n| n["spec"]["unschedulable"] == json!(true))
+}
+
+/// The drain unit applies `[shutdown]` as the agent does: a reboot under `on_reboot = "cordon"`
+/// cordons and evicts nothing; `on_poweroff = "nothing"` leaves the node alone.
+#[tokio::test]
+async fn the_drain_unit_applies_the_shutdown_policy() {
+    let emu = emulator().await;
+    for i in 0..3 {
+        emu.seed_pod(web(&format!("web-{i}"))).expect("pod");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy = "[shutdown]\non_reboot = \"cordon\"\non_poweroff = \"nothing\"\n";
+    let out = unit_stop(&emu, dir.path(), "poweroff.target", policy).await;
+    assert!(!cordoned(&emu), "policy nothing\n{out}");
+    let out = unit_stop(&emu, dir.path(), "reboot.target", policy).await;
+    assert!(cordoned(&emu), "policy cordon\n{out}");
+    assert_eq!(pods_on(&emu, NODE).len(), 3, "nothing evicted\n{out}");
+    let out = unit_stop(&emu, dir.path(), "reboot.target", "").await;
+    assert!(pods_on(&emu, NODE).is_empty(), "the default drains\n{out}");
+}
+
+/// After the agent's own shutdown drain (here: it gave up at its deadline with pods left), the
+/// drain unit does not start a second full drain, cordons nothing and writes no Events.
+#[tokio::test]
+async fn the_drain_unit_does_nothing_after_the_agents_drain() {
+    let emu = emulator().await;
+    for i in 0..2 {
+        emu.seed_pod(web(&format!("web-{i}"))).expect("pod");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let status = json!({
+        "pid": 1, "node": NODE, "phase": "drained", "lock": "released", "lock_takes": 1,
+        "inhibit_delay_max_ms": 30000, "waiting_for": "", "ready": true, "node_registered": true,
+        "gates": [], "not_ready_in_time": false, "startup_taint": false, "cordoned_by": null,
+        "warnings": [],
+        "last_drain": {"started_at": "2026-11-23T10:00:00Z", "kind": "poweroff", "policy": "drain",
+            "deadline_ms": 25000, "outcome": {"deadline_exceeded": null}, "evicted": 0,
+            "left_behind": ["default/web-0", "default/web-1"], "refused": [], "elapsed_ms": 25000}
+    });
+    std::fs::write(dir.path().join("status.json"), status.to_string()).expect("status");
+    let out = unit_stop(&emu, dir.path(), "poweroff.target", "").await;
+    assert!(out.contains("already handled this shutdown"), "{out}");
+    assert_eq!(pods_on(&emu, NODE).len(), 2, "no second drain\n{out}");
+    assert!(!cordoned(&emu), "{out}");
+    assert!(event_reasons(&emu).is_empty(), "{:?}", event_reasons(&emu));
 }

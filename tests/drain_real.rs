@@ -335,6 +335,69 @@ async fn agent_drains_at_poweroff(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
+/// kubectl drain knows this one: in a namespace being deleted, the NamespaceLifecycle admission
+/// plugin refuses every eviction with 403 and the cause NamespaceTerminating. The namespace
+/// controller deletes the pods anyway, so the drain waits for them instead of stopping as
+/// "permission denied". The controller-manager is paused while the namespace is deleted, so
+/// the pods are still there, not yet deleting, when the drain evicts them.
+async fn a_terminating_namespace_is_waited_for(cluster: Cluster) {
+    use std::io::{BufRead, BufReader};
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    let paused = cluster.pause("kube-controller-manager");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    namespaces
+        .delete(&ns, &Default::default())
+        .await
+        .expect("delete namespace");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(["drain", &target, "--timeout", "60s", "--kubeconfig"])
+        .arg(cluster.node_kubeconfig(&target))
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run nodeward drain");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // Both pods refused with the cause, and waited for (or the drain gave up: it exits).
+    let mut seen = Vec::new();
+    let mut waiting = 0;
+    while waiting < 2 {
+        match rx.recv_timeout(LIMIT) {
+            Ok(line) => {
+                if line.contains("namespace is being deleted") {
+                    waiting += 1;
+                }
+                seen.push(line);
+            }
+            Err(_) => break,
+        }
+    }
+    drop(paused);
+    let out = child.wait_with_output().expect("drain ends");
+    let all = format!(
+        "{}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        seen.join("\n")
+    );
+    assert_eq!(
+        waiting, 2,
+        "both evictions refused as NamespaceTerminating\n{all}"
+    );
+    assert!(out.status.success(), "{all}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("drained"),
+        "{all}"
+    );
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
 use serde::Deserialize as _;
 
 real_only! {
@@ -342,4 +405,5 @@ real_only! {
     a_node_cannot_drain_another_nodes_pods => super::a_node_cannot_drain_another;
     each_rule_of_the_shipped_agent_rbac_is_needed => super::each_agent_rule_is_needed;
     the_agent_drains_at_poweroff_as_the_node => super::agent_drains_at_poweroff;
+    a_terminating_namespace_is_waited_for_not_forbidden => super::a_terminating_namespace_is_waited_for;
 }

@@ -27,7 +27,6 @@ pub mod node;
 pub mod state;
 pub mod status;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -45,11 +44,12 @@ use zbus::zvariant::OwnedFd;
 
 use crate::config::{Settings, ShutdownPolicy, TaintOwner};
 use crate::gate::watch::{self as gwatch, FileWatcher};
-use crate::gate::{Facts, GateSet, HttpFact, PodFact, Verdict};
+use crate::gate::{Facts, GateSet, HttpFact, Verdict};
 use crate::logind::{self, Logind, LogindEvent, ShutdownKind};
 use crate::readiness;
+use crate::store::Mirror;
 use state::{Action, Lock, LockEvent, Phase, PhaseEvent, View};
-use status::{DrainSummary, Status};
+use status::{DrainSummary, ShutdownOutcome, Status};
 
 /// First wait before reconnecting to the bus or retrying the lock; doubles up to
 /// [`LOGIND_RETRY_MAX`]. The bus being gone has no event to wait for, and the lock must be back
@@ -84,12 +84,6 @@ const DRAIN_RETRY: Duration = Duration::from_millis(500);
 const CAP_REREAD_ATTEMPTS: u32 = 20;
 /// ... this far apart (one second in all).
 const CAP_REREAD_INTERVAL: Duration = Duration::from_millis(50);
-
-/// The shutdown outcome when the Node does not exist (the machine goes down before it joined).
-const NOT_REGISTERED: &str = "nothing to drain: the node is not registered";
-/// The shutdown outcome when there is no kubeconfig yet (the machine goes down before
-/// `kubeadm join` wrote it).
-const NO_KUBECONFIG: &str = "nothing to drain: no kubeconfig yet (the node has not joined)";
 
 /// Stands in for "never" where an instant is needed (about 30 years).
 const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
@@ -177,45 +171,6 @@ impl Quiet {
     }
 }
 
-/// The relist-aware copy of the own pods.
-#[derive(Default)]
-struct PodMirror {
-    live: HashMap<String, PodFact>,
-    relisting: Option<HashMap<String, PodFact>>,
-    synced: bool,
-}
-
-fn pod_key(p: &Pod) -> String {
-    format!(
-        "{}/{}",
-        p.metadata.namespace.as_deref().unwrap_or_default(),
-        p.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
-impl PodMirror {
-    fn apply(&mut self, ev: watcher::Event<Pod>) {
-        match ev {
-            watcher::Event::Apply(p) => {
-                self.live.insert(pod_key(&p), gwatch::pod_fact(&p));
-            }
-            watcher::Event::Delete(p) => {
-                self.live.remove(&pod_key(&p));
-            }
-            watcher::Event::Init => self.relisting = Some(HashMap::new()),
-            watcher::Event::InitApply(p) => {
-                self.relisting
-                    .get_or_insert_default()
-                    .insert(pod_key(&p), gwatch::pod_fact(&p));
-            }
-            watcher::Event::InitDone => {
-                self.live = self.relisting.take().unwrap_or_default();
-                self.synced = true;
-            }
-        }
-    }
-}
-
 struct Agent {
     settings: Settings,
     node: String,
@@ -240,11 +195,12 @@ struct Agent {
     cap_fix_tried: bool,
     facts: Facts,
     verdict: Verdict,
+    /// The own Node as the agent acts on it: the watch's copy, or the agent's own last write
+    /// until the watch echoes it.
     node_obj: Option<Node>,
-    node_relist: Option<Option<Node>>,
+    node_watch: Mirror<Node>,
     node_echo_rv: Option<String>,
-    node_synced: bool,
-    pods: PodMirror,
+    pods: Mirror<Pod>,
     started: Instant,
     boot_time: Option<jiff::Timestamp>,
     overdue_reported: bool,
@@ -307,10 +263,9 @@ impl Agent {
             facts: Facts::default(),
             verdict,
             node_obj: None,
-            node_relist: None,
+            node_watch: Mirror::default(),
             node_echo_rv: None,
-            node_synced: false,
-            pods: PodMirror::default(),
+            pods: Mirror::default(),
             started,
             boot_time: boot_time(),
             overdue_reported: false,
@@ -433,7 +388,7 @@ impl Agent {
                             self.apply_node(ev);
                         }
                         Err(e) => {
-                            self.node_relist = None;
+                            self.node_watch.abandon_relist();
                             self.api_failed("node watch", &e.to_string());
                         }
                     }
@@ -443,10 +398,10 @@ impl Agent {
                     match ev {
                         Ok(ev) => {
                             self.api_answered();
-                            self.pods.apply(ev);
+                            self.pods.apply(&ev);
                         }
                         Err(e) => {
-                            self.pods.relisting = None;
+                            self.pods.abandon_relist();
                             self.api_failed("pod watch", &e.to_string());
                         }
                     }
@@ -597,30 +552,26 @@ impl Agent {
     }
 
     fn apply_node(&mut self, ev: watcher::Event<Node>) {
-        match ev {
+        self.node_watch.apply(&ev);
+        match &ev {
             watcher::Event::Apply(n) => {
                 // Until the echo of the agent's own last write arrives, the watch only replays
                 // versions older than the one the agent already holds.
-                if let Some(rv) = &self.node_echo_rv {
-                    if n.metadata.resource_version.as_ref() != Some(rv) {
-                        return;
-                    }
-                    self.node_echo_rv = None;
+                if let Some(rv) = &self.node_echo_rv
+                    && n.metadata.resource_version.as_ref() != Some(rv)
+                {
+                    return;
                 }
-                self.node_obj = Some(n);
             }
-            watcher::Event::Delete(_) => {
-                self.node_echo_rv = None;
-                self.node_obj = None;
-            }
-            watcher::Event::Init => self.node_relist = Some(None),
-            watcher::Event::InitApply(n) => self.node_relist = Some(Some(n)),
-            watcher::Event::InitDone => {
-                self.node_echo_rv = None;
-                self.node_obj = self.node_relist.take().flatten();
-                self.node_synced = true;
-            }
+            watcher::Event::Delete(_) | watcher::Event::InitDone => {}
+            // A relist in progress changes nothing until it is done.
+            watcher::Event::Init | watcher::Event::InitApply(_) => return,
         }
+        self.node_echo_rv = None;
+        self.node_obj = self
+            .node_watch
+            .get(&self.node, None)
+            .map(std::sync::Arc::unwrap_or_clone);
     }
 
     /// The lock is wanted unless a shutdown is under way.
@@ -880,7 +831,9 @@ impl Agent {
         self.shutdown_started = Some((now, jiff::Timestamp::now(), kind, policy, deadline));
         let reason = format!("shutdown ({kind:?})").to_lowercase();
         let Some(client) = self.client.clone() else {
-            return Some(Box::pin(async move { outcome(NO_KUBECONFIG) }));
+            return Some(Box::pin(
+                async move { outcome(ShutdownOutcome::NoKubeconfig) },
+            ));
         };
         let node = self.node.clone();
         let exclude_lb = s.drain.exclude_from_load_balancers;
@@ -888,56 +841,30 @@ impl Agent {
         opts.shutdown = true;
         let until = now + deadline;
         Some(match policy {
-            ShutdownPolicy::Nothing => Box::pin(async move { outcome("nothing to do (policy)") }),
+            ShutdownPolicy::Nothing => {
+                Box::pin(async move { outcome(ShutdownOutcome::NothingToDo) })
+            }
             ShutdownPolicy::Cordon => Box::pin(async move {
-                loop {
-                    let left = until.saturating_duration_since(Instant::now());
-                    let attempt =
-                        crate::drain::cordon_for_shutdown(&client, &node, &reason, exclude_lb);
-                    match tokio::time::timeout(left, attempt).await {
-                        Ok(Ok(_)) => return outcome("cordoned"),
-                        Ok(Err(crate::drain::exec::Error::NodeNotFound { .. })) => {
-                            return outcome(NOT_REGISTERED);
-                        }
-                        Ok(Err(e)) if Instant::now() + DRAIN_RETRY < until => {
-                            warn!(node, error = %e, "cannot cordon; retrying");
-                            tokio::time::sleep(DRAIN_RETRY).await;
-                        }
-                        Ok(Err(e)) => return outcome(&format!("failed: {e}")),
-                        Err(_) => return outcome("deadline exceeded"),
-                    }
-                }
+                retry_until(&node, until, "cordon", |_| {
+                    crate::drain::cordon_for_shutdown(&client, &node, &reason, exclude_lb)
+                })
+                .await
+                .map_or_else(outcome, |_| outcome(ShutdownOutcome::Cordoned))
             }),
             ShutdownPolicy::Drain => Box::pin(async move {
-                let mut last_error = String::new();
-                loop {
-                    let left = until.saturating_duration_since(Instant::now());
+                retry_until(&node, until, "drain", |left| {
                     let mut o = opts.clone();
                     o.timeout = if left > DRAIN_REPORT_SLACK * 2 {
                         left - DRAIN_REPORT_SLACK
                     } else {
                         left
                     };
-                    match tokio::time::timeout(left, crate::drain::drain(&client, &node, &o)).await
-                    {
-                        Ok(Ok(r)) => return report_summary(&r),
-                        Ok(Err(crate::drain::exec::Error::NodeNotFound { .. })) => {
-                            return outcome(NOT_REGISTERED);
-                        }
-                        Ok(Err(e)) if Instant::now() + DRAIN_RETRY < until => {
-                            warn!(node, error = %e, "drain failed; retrying until the deadline");
-                            last_error = e.to_string();
-                            tokio::time::sleep(DRAIN_RETRY).await;
-                        }
-                        Ok(Err(e)) => return outcome(&format!("failed: {e}")),
-                        Err(_) if last_error.is_empty() => return outcome("deadline exceeded"),
-                        Err(_) => {
-                            return outcome(&format!(
-                                "deadline exceeded; last error: {last_error}"
-                            ));
-                        }
-                    }
-                }
+                    let client = client.clone();
+                    let node = node.clone();
+                    async move { crate::drain::drain(&client, &node, &o).await }
+                })
+                .await
+                .map_or_else(outcome, |r| report_summary(&r))
             }),
         })
     }
@@ -995,15 +922,18 @@ impl Agent {
     /// Re-evaluates the gates and acts on the Node; stops at the first failed write and tries
     /// again after [`RECONCILE_RETRY`].
     async fn reconcile(&mut self) {
-        self.facts.node_conditions = if self.node_synced {
+        self.facts.node_conditions = if self.node_watch.synced() {
             self.node_obj.as_ref().map(gwatch::node_conditions)
         } else {
             None
         };
-        self.facts.pods = self
-            .pods
-            .synced
-            .then(|| self.pods.live.values().cloned().collect());
+        self.facts.pods = self.pods.synced().then(|| {
+            self.pods
+                .state()
+                .iter()
+                .map(|p| gwatch::pod_fact(p))
+                .collect()
+        });
         let now = Instant::now();
         let verdict = crate::gate::evaluate(
             &self.facts,
@@ -1020,7 +950,7 @@ impl Agent {
         let Some(client) = self.client.clone() else {
             return;
         };
-        if !self.node_synced {
+        if !self.node_watch.synced() {
             return;
         }
         for action in state::reconcile(&self.view()) {
@@ -1156,7 +1086,7 @@ impl Agent {
 
     /// Sends READY/STATUS to systemd and rewrites the status file when something changed.
     fn publish(&mut self) {
-        let watches_up = self.node_synced && self.pods.synced;
+        let watches_up = self.node_watch.synced() && self.pods.synced();
         if !self.notified_ready
             && self.lock == Lock::Held
             && (watches_up
@@ -1204,13 +1134,13 @@ impl Agent {
     }
 }
 
-fn outcome(text: &str) -> DrainSummary {
+fn outcome(outcome: ShutdownOutcome) -> DrainSummary {
     DrainSummary {
         started_at: String::new(),
         kind: ShutdownKind::Unknown,
         policy: ShutdownPolicy::Drain,
         deadline_ms: 0,
-        outcome: text.to_string(),
+        outcome,
         evicted: 0,
         left_behind: Vec::new(),
         refused: Vec::new(),
@@ -1219,16 +1149,49 @@ fn outcome(text: &str) -> DrainSummary {
 }
 
 fn report_summary(r: &crate::drain::DrainReport) -> DrainSummary {
-    let text = match r.outcome {
-        crate::drain::DrainOutcome::Drained => "drained",
-        crate::drain::DrainOutcome::Refused => "drained except refused pods",
-        crate::drain::DrainOutcome::DeadlineExceeded => "deadline exceeded",
-    };
     DrainSummary {
         evicted: r.evicted.len(),
         left_behind: r.left_behind.iter().map(ToString::to_string).collect(),
         refused: r.refused.iter().map(|(p, _)| p.to_string()).collect(),
-        ..outcome(text)
+        ..outcome(r.outcome.into())
+    }
+}
+
+/// Runs `attempt` (given the time left) until it succeeds or `until`, retrying only errors that
+/// trying again can fix ([`crate::drain::exec::Error::is_retryable`]) every [`DRAIN_RETRY`]. A
+/// node that does not exist is [`ShutdownOutcome::NotRegistered`], not a failure.
+async fn retry_until<T, F, Fut>(
+    node: &str,
+    until: Instant,
+    what: &str,
+    mut attempt: F,
+) -> Result<T, ShutdownOutcome>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: std::future::Future<Output = crate::drain::exec::Result<T>>,
+{
+    let mut last_error = None;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, attempt(left)).await {
+            Ok(Ok(t)) => return Ok(t),
+            Ok(Err(crate::drain::exec::Error::NodeNotFound { .. })) => {
+                return Err(ShutdownOutcome::NotRegistered);
+            }
+            Ok(Err(e)) if e.is_retryable() && Instant::now() + DRAIN_RETRY < until => {
+                warn!(node, error = %e, "{what} failed; retrying until the deadline");
+                last_error = Some(e.to_string());
+                tokio::time::sleep(DRAIN_RETRY).await;
+            }
+            Ok(Err(e)) if e.is_retryable() => {
+                return Err(ShutdownOutcome::DeadlineExceeded(Some(e.to_string())));
+            }
+            Ok(Err(e)) => {
+                warn!(node, error = %e, "{what} failed; trying again would not help");
+                return Err(ShutdownOutcome::Failed(e.to_string()));
+            }
+            Err(_) => return Err(ShutdownOutcome::DeadlineExceeded(last_error)),
+        }
     }
 }
 

@@ -47,8 +47,8 @@ pub struct DrainSummary {
     pub policy: crate::config::ShutdownPolicy,
     /// The deadline, in milliseconds.
     pub deadline_ms: u64,
-    /// `drained`, `refused`, `deadline exceeded`, `cordoned`, `failed: …`.
-    pub outcome: String,
+    /// How it ended.
+    pub outcome: ShutdownOutcome,
     /// Pods evicted.
     pub evicted: usize,
     /// Pods still there at the end.
@@ -57,6 +57,56 @@ pub struct DrainSummary {
     pub refused: Vec<String>,
     /// Milliseconds from the signal to the lock's release.
     pub elapsed_ms: u64,
+}
+
+/// How a shutdown's drain (or cordon) ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShutdownOutcome {
+    /// Every evictable pod left.
+    Drained,
+    /// Every evictable pod left; some were refused and stayed.
+    Refused,
+    /// The deadline came first; the last error, when attempts failed.
+    DeadlineExceeded(Option<String>),
+    /// Cordoned only (policy `cordon`).
+    Cordoned,
+    /// Policy `nothing`.
+    NothingToDo,
+    /// The Node does not exist (the machine goes down before it joined).
+    NotRegistered,
+    /// No kubeconfig yet (the machine goes down before `kubeadm join` wrote it).
+    NoKubeconfig,
+    /// An error that trying again would not change (a missing permission, say).
+    Failed(String),
+}
+
+impl From<crate::drain::DrainOutcome> for ShutdownOutcome {
+    fn from(o: crate::drain::DrainOutcome) -> Self {
+        match o {
+            crate::drain::DrainOutcome::Drained => Self::Drained,
+            crate::drain::DrainOutcome::Refused => Self::Refused,
+            crate::drain::DrainOutcome::DeadlineExceeded => Self::DeadlineExceeded(None),
+        }
+    }
+}
+
+impl std::fmt::Display for ShutdownOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Drained => crate::drain::DrainOutcome::Drained.fmt(f),
+            Self::Refused => crate::drain::DrainOutcome::Refused.fmt(f),
+            Self::DeadlineExceeded(None) => crate::drain::DrainOutcome::DeadlineExceeded.fmt(f),
+            Self::DeadlineExceeded(Some(e)) => write!(f, "deadline exceeded; last error: {e}"),
+            Self::Cordoned => f.write_str("cordoned"),
+            Self::NothingToDo => f.write_str("nothing to do (policy)"),
+            Self::NotRegistered => f.write_str("nothing to drain: the node is not registered"),
+            Self::NoKubeconfig => {
+                f.write_str("nothing to drain: no kubeconfig yet (the node has not joined)")
+            }
+            Self::Failed(e) => write!(f, "failed: {e}"),
+        }
+    }
 }
 
 /// Everything `nodeward status` shows.

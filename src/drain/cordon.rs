@@ -8,8 +8,7 @@
 use k8s_openapi::api::core::v1::Node;
 use serde::{Deserialize, Serialize};
 
-/// The ownership annotation.
-pub const CORDONED_BY: &str = "nodeward.io/cordoned-by";
+pub use crate::names::CORDONED_BY;
 /// The label that makes cloud load balancers stop sending traffic to a node.
 pub const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 

@@ -3,18 +3,19 @@
 //! One event loop owns all state. Two watches feed it: the node's pods (field selector
 //! `spec.nodeName`), which is how a drain learns that a pod is really gone rather than merely
 //! accepted for eviction, and the PodDisruptionBudgets, so a pod blocked by a budget is retried
-//! the moment the budget's `disruptionsAllowed` rises (never sooner than [`BUDGET_RETRY_FLOOR`],
-//! and at the latest after [`BUDGET_RETRY_CEILING`] in case a watch event was missed). Evictions
+//! the moment the budget's `disruptionsAllowed` rises (never sooner than [`BUDGET_RETRY_FLOOR`](super::step::BUDGET_RETRY_FLOOR),
+//! and at the latest after [`BUDGET_RETRY_CEILING`](super::step::BUDGET_RETRY_CEILING) in case a watch event was missed). Evictions
 //! run with bounded concurrency as futures polled by the same loop, so nothing needs a lock.
+//! What to send when is decided by [`super::step::Schedule`], purely; this file only performs it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::stream::{BoxStream, FuturesUnordered};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, EvictParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::watcher::{self, watcher};
@@ -26,21 +27,13 @@ use tracing::{debug, error, info, warn};
 use super::cordon::{
     self, CORDONED_BY, CordonDecision, CordonRecord, EXCLUDE_LB_LABEL, UncordonDecision,
 };
-use super::plan::{self, Answer, Decision, Outcome, Plan, PlanOptions, PodRef};
+use super::plan::{self, Answer, Cause, Outcome, Plan, PlanOptions, PodRef};
+pub use super::step::DrainOutcome;
+use super::step::{Command, Deleted, Limits, Refusal, Schedule, Step, Verdict};
 use crate::config::OnDeadline;
+use crate::node_write::{self, NodeWrite, WriteError};
+use crate::store::Mirror;
 
-/// After a 429 from a budget, the earliest retry even if the budget reopens at once: keeps a
-/// budget that flaps from turning into a hot loop.
-pub const BUDGET_RETRY_FLOOR: Duration = Duration::from_millis(50);
-/// Retry a budget-blocked pod at least this often even without a budget event; kubectl drain
-/// also retries a 429 after 5 s.
-pub const BUDGET_RETRY_CEILING: Duration = Duration::from_secs(5);
-/// First backoff after a server error or throttling; doubles per attempt.
-const RETRY_BASE: Duration = Duration::from_millis(100);
-/// Backoff cap for server errors, so a recovered API server is noticed within seconds.
-const RETRY_CAP: Duration = Duration::from_secs(5);
-/// Conflicting writes to the Node retried this many times (another writer is active).
-const PATCH_ATTEMPTS: usize = 5;
 /// Progress lines at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
@@ -66,13 +59,14 @@ pub enum Error {
     },
     /// The credentials lack a permission the drain needs.
     #[error(
-        "permission denied: the credentials cannot {verb} (pod {pod}); grant it (see packaging/kubernetes/rbac-agent.yaml)"
+        "permission denied: the credentials cannot {verb}{}; grant it (see packaging/kubernetes/rbac-agent.yaml)",
+        pod.as_ref().map(|p| format!(" (pod {p})")).unwrap_or_default()
     )]
     Forbidden {
         /// The RBAC verb and resource.
         verb: &'static str,
-        /// The pod it was tried on.
-        pod: String,
+        /// The pod it was tried on, if it was one pod's request.
+        pod: Option<String>,
     },
     /// The node's pods could not be listed before the deadline: nothing is known to be drained.
     #[error(
@@ -102,6 +96,23 @@ pub enum Error {
         /// Who, if managedFields tell.
         who: Option<String>,
     },
+}
+
+impl Error {
+    /// Whether trying again can help: an unreachable or overloaded API server, a conflict, pods
+    /// not listed yet. A missing node or permission, or a cordon that is not ours, stays so.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Api { source, .. } => match source {
+                kube::Error::Api(s) => matches!(s.code, 409 | 429 | 500..=599),
+                _ => true,
+            },
+            Self::PodsNotListed { .. } | Self::Conflict { .. } => true,
+            Self::NodeNotFound { .. } | Self::Forbidden { .. } | Self::CordonedByOther { .. } => {
+                false
+            }
+        }
+    }
 }
 
 /// `pub type Result` for this module.
@@ -146,17 +157,6 @@ impl DrainOptions {
     }
 }
 
-/// How a drain ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DrainOutcome {
-    /// Every evictable pod is gone.
-    Drained,
-    /// Every evictable pod is gone, but some pods were refused and are still there.
-    Refused,
-    /// The deadline passed with pods still on the node.
-    DeadlineExceeded,
-}
-
 /// What a drain did.
 #[derive(Debug, Clone)]
 pub struct DrainReport {
@@ -169,7 +169,7 @@ pub struct DrainReport {
     /// Pods left alone, and why.
     pub skipped: Vec<(PodRef, plan::SkipReason)>,
     /// Pods refused, and why.
-    pub refused: Vec<(PodRef, String)>,
+    pub refused: Vec<(PodRef, Refusal)>,
     /// Pods still on the node at the deadline.
     pub left_behind: Vec<PodRef>,
     /// Pods deleted bypassing their budgets by the `delete` deadline policy.
@@ -182,15 +182,11 @@ pub struct DrainReport {
 
 impl std::fmt::Display for DrainReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let verdict = match self.outcome {
-            DrainOutcome::Drained => "drained",
-            DrainOutcome::Refused => "drained except refused pods",
-            DrainOutcome::DeadlineExceeded => "deadline exceeded",
-        };
         writeln!(
             f,
-            "node {}: {verdict} in {:.3}s: {} evicted, {} skipped, {} refused, {} left behind, {} deleted past their budget ({} eviction requests)",
+            "node {}: {} in {:.3}s: {} evicted, {} skipped, {} refused, {} left behind, {} deleted past their budget ({} eviction requests)",
             self.node,
+            self.outcome,
             self.elapsed.as_secs_f64(),
             self.evicted.len(),
             self.skipped.len(),
@@ -245,20 +241,6 @@ fn api_err<'n>(node: &'n str, action: &'static str) -> impl FnOnce(kube::Error) 
     }
 }
 
-fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
-}
-
-/// Field manager recorded in the Node's managedFields for nodeward's writes.
-const FIELD_MANAGER: &str = "nodeward";
-
-fn patch_params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..PatchParams::default()
-    }
-}
-
 /// Cordons `node`, recording nodeward's ownership; leaves a cordon by someone else as it is.
 pub async fn cordon(
     client: &Client,
@@ -280,47 +262,25 @@ pub async fn cordon_for_shutdown(
     cordon_recorded(client, node, reason, exclude_lb, true).await
 }
 
-/// What a guarded Node write decided after reading the Node.
-enum NodeWrite<T> {
-    /// Nothing to write: the answer is already known.
-    Done(T),
-    /// Apply this JSON merge patch, then answer `T`.
-    Patch(serde_json::Value, T),
-}
-
-/// Reads the Node, lets `decide` choose, and applies its patch with the read resourceVersion as
-/// a precondition; on a conflict (someone else wrote the Node in between) it reads and decides
-/// again, so a concurrent change such as an admin's cordon is never overwritten.
+/// [`node_write::write_guarded`] with this module's errors.
 async fn write_node_guarded<T: std::fmt::Debug>(
     client: &Client,
     node: &str,
     action: &'static str,
     decide: impl Fn(&Node) -> Result<NodeWrite<T>>,
 ) -> Result<T> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    for _ in 0..PATCH_ATTEMPTS {
-        let current = nodes.get(node).await.map_err(api_err(node, "get"))?;
-        let (mut patch, outcome) = match decide(&current)? {
-            NodeWrite::Done(outcome) => return Ok(outcome),
-            NodeWrite::Patch(patch, outcome) => (patch, outcome),
-        };
-        patch["metadata"]["resourceVersion"] = json!(current.metadata.resource_version);
-        match nodes
-            .patch(node, &patch_params(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                info!(node, action, ?outcome, "node written");
-                return Ok(outcome);
-            }
-            Err(e) if is_conflict(&e) => debug!(node, action, "conflict; re-reading the node"),
-            Err(e) => return Err(api_err(node, action)(e)),
+    match node_write::write_guarded(client, node, action, None, decide).await {
+        Ok((_, outcome)) => {
+            info!(node, action, ?outcome, "node written");
+            Ok(outcome)
         }
+        Err(WriteError::Refused(e)) => Err(e),
+        Err(WriteError::Api { action, source }) => Err(api_err(node, action)(source)),
+        Err(WriteError::Conflict) => Err(Error::Conflict {
+            node: node.to_string(),
+            attempts: node_write::ATTEMPTS,
+        }),
     }
-    Err(Error::Conflict {
-        node: node.to_string(),
-        attempts: PATCH_ATTEMPTS,
-    })
 }
 
 /// [`cordon`], recording whether the cordon is for a shutdown.
@@ -398,50 +358,6 @@ pub async fn uncordon(client: &Client, node: &str, force: bool) -> Result<Uncord
     .await
 }
 
-/// A live copy of watched objects, following the watcher's relist protocol (a relist replaces
-/// the whole set, so objects deleted while the watch was down disappear too).
-struct Mirror<K> {
-    live: HashMap<String, K>,
-    relisting: Option<HashMap<String, K>>,
-    synced: bool,
-    key: fn(&K) -> String,
-}
-
-impl<K> Mirror<K> {
-    fn new(key: fn(&K) -> String) -> Self {
-        Self {
-            live: HashMap::new(),
-            relisting: None,
-            synced: false,
-            key,
-        }
-    }
-
-    fn apply(&mut self, event: watcher::Event<K>) {
-        match event {
-            watcher::Event::Apply(k) => {
-                self.live.insert((self.key)(&k), k);
-            }
-            watcher::Event::Delete(k) => {
-                self.live.remove(&(self.key)(&k));
-            }
-            watcher::Event::Init => self.relisting = Some(HashMap::new()),
-            watcher::Event::InitApply(k) => {
-                let key = (self.key)(&k);
-                self.relisting.get_or_insert_default().insert(key, k);
-            }
-            watcher::Event::InitDone => {
-                self.live = self.relisting.take().unwrap_or_default();
-                self.synced = true;
-            }
-        }
-    }
-}
-
-fn pod_key(p: &Pod) -> String {
-    p.metadata.uid.clone().unwrap_or_default()
-}
-
 fn pdb_key(b: &PodDisruptionBudget) -> String {
     format!(
         "{}/{}",
@@ -450,48 +366,34 @@ fn pdb_key(b: &PodDisruptionBudget) -> String {
     )
 }
 
-/// Where one pod is in its eviction.
-#[derive(Debug, Clone, PartialEq)]
-enum PodState {
-    /// Not tried yet.
-    Pending,
-    /// A request is in flight.
-    InFlight,
-    /// A budget said no at `since`; retry when it opens.
-    Blocked {
-        since: Instant,
-        budgets: Vec<String>,
-    },
-    /// A transient error; retry at `until`.
-    Backoff { until: Instant },
-    /// Accepted (or deleted by the fallback); waiting for the pod to disappear.
-    Leaving,
-    /// Gone from the node.
-    Gone,
-    /// Will not be evicted.
-    Refused(String),
+/// Whether the budget `namespace/name` allows a disruption now.
+fn budget_open(budgets: &Mirror<PodDisruptionBudget>, key: &str) -> bool {
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    budgets
+        .get(name, Some(ns))
+        .and_then(|b| b.status.as_ref().map(|s| s.disruptions_allowed > 0))
+        .unwrap_or(false)
 }
 
-struct Tracked {
-    pod: PodRef,
-    /// The pod's labels, to find the budgets that select it.
-    labels: BTreeMap<String, String>,
-    wave: usize,
-    state: PodState,
-    attempts: u32,
+/// The UIDs of the pods on the node.
+fn uids(pods: &Mirror<Pod>) -> BTreeSet<String> {
+    pods.state()
+        .iter()
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect()
 }
 
-impl Tracked {
-    fn settled(&self) -> bool {
-        matches!(self.state, PodState::Gone | PodState::Refused(_))
-    }
+/// A request's answer, fed back to the schedule.
+enum Reply {
+    Evict(std::result::Result<(), kube::Error>),
+    Delete(std::result::Result<(), kube::Error>),
 }
 
-type EvictionResult = (String, std::result::Result<(), kube::Error>);
+type Request = futures::future::BoxFuture<'static, (PodRef, Reply)>;
 
 /// Drains `node`: cordon, evict wave by wave, wait until every evictable pod is gone or the
 /// deadline passes, then apply the deadline policy. Returns a report; errors only for problems
-/// that make going on pointless (node missing, permission denied).
+/// that make going on pointless (node missing, permission denied, pods never listed).
 pub async fn drain(client: &Client, node: &str, opts: &DrainOptions) -> Result<DrainReport> {
     Drain::new(client, node, opts).run().await
 }
@@ -514,10 +416,6 @@ struct Drain<'a> {
     opts: &'a DrainOptions,
     recorder: Recorder,
     node_ref: Option<k8s_openapi::api::core::v1::ObjectReference>,
-    tracked: BTreeMap<String, Tracked>,
-    skipped: Vec<(PodRef, plan::SkipReason)>,
-    force_deleted: Vec<PodRef>,
-    eviction_requests: usize,
 }
 
 impl<'a> Drain<'a> {
@@ -528,54 +426,12 @@ impl<'a> Drain<'a> {
             opts,
             recorder: crate::events::recorder(client, "nodeward", None),
             node_ref: None,
-            tracked: BTreeMap::new(),
-            skipped: Vec::new(),
-            force_deleted: Vec::new(),
-            eviction_requests: 0,
         }
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {
         if let Some(reference) = &self.node_ref {
             crate::events::publish(&self.recorder, reference, type_, reason, "Drain", note).await;
-        }
-    }
-
-    fn track(&mut self, pod: &Pod) {
-        let r = PodRef::of(pod);
-        let labels = pod.metadata.labels.clone().unwrap_or_default();
-        match plan::decide(pod, &self.opts.plan) {
-            Decision::Evict { wave } => {
-                // A pod already terminating needs no eviction, only the wait.
-                let state = if pod.metadata.deletion_timestamp.is_some() {
-                    PodState::Leaving
-                } else {
-                    PodState::Pending
-                };
-                self.tracked.insert(
-                    r.uid.clone(),
-                    Tracked {
-                        pod: r,
-                        labels,
-                        wave,
-                        state,
-                        attempts: 0,
-                    },
-                );
-            }
-            Decision::Refuse(why) => {
-                self.tracked.insert(
-                    r.uid.clone(),
-                    Tracked {
-                        pod: r,
-                        labels,
-                        wave: 0,
-                        state: PodState::Refused(why.to_string()),
-                        attempts: 0,
-                    },
-                );
-            }
-            Decision::Skip(why) => self.skipped.push((r, why)),
         }
     }
 
@@ -615,24 +471,24 @@ impl<'a> Drain<'a> {
         let mut pdb_events: BoxStream<'_, _> = watcher(pdb_api, watcher::Config::default())
             .default_backoff()
             .boxed();
-        let mut pods = Mirror::new(pod_key);
-        let mut budgets = Mirror::new(pdb_key);
+        let mut pods = Mirror::<Pod>::default();
+        let mut budgets = Mirror::<PodDisruptionBudget>::default();
 
         // The pods' initial list before anything is planned. Budgets only time the retries of
         // a refused eviction (the Eviction API itself enforces them), so evictions do not wait
         // for their list; the main loop keeps applying their events.
         let mut last_pod_error = String::from("no answer");
-        while !pods.synced {
+        while !pods.synced() {
             tokio::select! {
                 Some(ev) = pod_events.next() => match ev {
-                    Ok(ev) => pods.apply(ev),
+                    Ok(ev) => pods.apply(&ev),
                     Err(e) => {
                         check_watch_error(self.node, &e, "list and watch pods")?;
                         last_pod_error = e.to_string();
                     }
                 },
                 Some(ev) = pdb_events.next() => match ev {
-                    Ok(ev) => budgets.apply(ev),
+                    Ok(ev) => budgets.apply(&ev),
                     Err(e) => check_watch_error(self.node, &e, "list and watch poddisruptionbudgets")?,
                 },
                 _ = tokio::time::sleep_until(started + self.opts.timeout) => {
@@ -644,26 +500,27 @@ impl<'a> Drain<'a> {
                 }
             }
         }
-        let initial: Vec<Pod> = pods.live.values().cloned().collect();
-        for pod in &initial {
-            self.track(pod);
+        let limits = Limits {
+            concurrency: self.opts.concurrency,
+            timeout: self.opts.timeout,
+            on_deadline: self.opts.on_deadline,
+        };
+        let mut schedule = Schedule::new(limits, self.opts.plan.clone(), started);
+        for pod in pods.state() {
+            schedule.track(&pod);
         }
-        let to_evict = self
-            .tracked
-            .values()
-            .filter(|t| !matches!(t.state, PodState::Refused(_)))
-            .count();
+        let (to_evict, refused) = schedule.counts();
         info!(
             node = self.node,
             evict = to_evict,
-            skipped = self.skipped.len(),
-            refused = self.tracked.len() - to_evict,
+            skipped = schedule.skipped(),
+            refused,
             timeout = ?self.opts.timeout,
             "drain started"
         );
         // Nothing to evict or refuse (the agent already drained for this shutdown, say): the
         // drain is logged, but no empty DrainStarted/DrainSucceeded pair goes on the Node.
-        let eventful = !self.tracked.is_empty();
+        let eventful = !schedule.is_empty();
         if eventful {
             self.event(
                 EventType::Normal,
@@ -676,114 +533,48 @@ impl<'a> Drain<'a> {
             .await;
         }
 
-        let waves = plan::wave_deadlines(self.opts.timeout, &self.opts.plan.waves);
-        let deadline = started + self.opts.timeout;
-        let fallback_at = deadline - plan::fallback_margin(self.opts.timeout);
-        let mut wave = 0usize;
-        let mut inflight: FuturesUnordered<futures::future::BoxFuture<'static, EvictionResult>> =
-            FuturesUnordered::new();
-        let mut fallback_done = false;
-        let mut waiting_past_deadline = false;
+        let mut inflight: FuturesUnordered<Request> = FuturesUnordered::new();
         let mut last_progress = started;
         let mut progress_dirty = true;
-
         let outcome = loop {
             let now = Instant::now();
-            self.mark_gone(&pods);
-            // Advance through waves whose pods are all settled or whose share of time is spent.
-            while wave + 1 < waves.len() {
-                let wave_settled = self
-                    .tracked
-                    .values()
-                    .filter(|t| t.wave <= wave)
-                    .all(Tracked::settled);
-                if wave_settled || now >= started + waves[wave] {
-                    if !wave_settled {
-                        warn!(
-                            node = self.node,
-                            wave,
-                            "wave used up its share of the deadline; starting the next one while its pods keep leaving"
-                        );
-                    }
-                    wave += 1;
-                    debug!(node = self.node, wave, "next wave");
-                } else {
-                    break;
-                }
+            schedule.observe(&uids(&pods));
+            let (commands, wake) = match schedule.step(now, &|key| budget_open(&budgets, key)) {
+                Step::Done(outcome) => break outcome,
+                Step::Run { commands, wake } => (commands, wake),
+            };
+            for c in commands {
+                self.perform(c, &mut inflight);
             }
-            if self.tracked.values().all(Tracked::settled) {
-                break if self
-                    .tracked
-                    .values()
-                    .any(|t| matches!(t.state, PodState::Refused(_)))
-                {
-                    DrainOutcome::Refused
-                } else {
-                    DrainOutcome::Drained
-                };
-            }
-            if now >= deadline && self.opts.on_deadline != OnDeadline::Wait {
-                break DrainOutcome::DeadlineExceeded;
-            }
-            if now >= deadline && !waiting_past_deadline {
-                warn!(
-                    node = self.node,
-                    "deadline passed; on_deadline = wait, so the drain goes on"
-                );
-                waiting_past_deadline = true;
-            }
-            if now >= fallback_at && self.opts.on_deadline == OnDeadline::Delete && !fallback_done {
-                fallback_done = true;
-                self.delete_remaining(deadline - now).await;
-            }
-            self.launch(now, wave, &budgets, &mut inflight);
             if progress_dirty && now >= last_progress + PROGRESS_EVERY {
-                self.log_progress();
+                log_progress(self.node, &schedule);
                 last_progress = now;
                 progress_dirty = false;
             }
-
-            let mut wake = if self.opts.on_deadline == OnDeadline::Wait {
-                now + RETRY_CAP
+            let wake = if progress_dirty {
+                wake.min(last_progress + PROGRESS_EVERY)
             } else {
-                deadline
+                wake
             };
-            if self.opts.on_deadline == OnDeadline::Delete && !fallback_done {
-                wake = wake.min(fallback_at);
-            }
-            if wave + 1 < waves.len() {
-                wake = wake.min(started + waves[wave]);
-            }
-            if progress_dirty {
-                wake = wake.min(last_progress + PROGRESS_EVERY);
-            }
-            if inflight.len() < self.opts.concurrency
-                && let Some(t) = self.next_retry(wave, &budgets)
-            {
-                wake = wake.min(t);
-            }
             tokio::select! {
-                Some((uid, result)) = inflight.next(), if !inflight.is_empty() => {
-                    self.answer(&uid, result, &budgets)?;
+                Some((pod, reply)) = inflight.next(), if !inflight.is_empty() => {
+                    self.answered(&mut schedule, &budgets, &pod, reply)?;
                     progress_dirty = true;
                 }
                 Some(ev) = pod_events.next() => {
                     match ev {
                         Ok(ev) => {
-                            if let watcher::Event::Apply(p) = &ev
-                                && !self.tracked.contains_key(&pod_key(p))
-                                && p.metadata.deletion_timestamp.is_none()
-                            {
-                                self.track(p);
+                            if let watcher::Event::Apply(p) = &ev {
+                                schedule.track(p);
                             }
-                            pods.apply(ev);
+                            pods.apply(&ev);
                         }
                         Err(e) => check_watch_error(self.node, &e, "list and watch pods")?,
                     }
                     progress_dirty = true;
                 }
                 Some(ev) = pdb_events.next() => match ev {
-                    Ok(ev) => budgets.apply(ev),
+                    Ok(ev) => budgets.apply(&ev),
                     Err(e) => check_watch_error(self.node, &e, "list and watch poddisruptionbudgets")?,
                 },
                 _ = tokio::time::sleep_until(wake) => {}
@@ -791,24 +582,18 @@ impl<'a> Drain<'a> {
         };
 
         let elapsed = started.elapsed();
-        let mut report = DrainReport {
+        let tally = schedule.finish();
+        let report = DrainReport {
             node: self.node.to_string(),
             outcome,
-            evicted: Vec::new(),
-            skipped: std::mem::take(&mut self.skipped),
-            refused: Vec::new(),
-            left_behind: Vec::new(),
-            force_deleted: std::mem::take(&mut self.force_deleted),
-            eviction_requests: self.eviction_requests,
+            evicted: tally.evicted,
+            skipped: tally.skipped,
+            refused: tally.refused,
+            left_behind: tally.left_behind,
+            force_deleted: tally.force_deleted,
+            eviction_requests: tally.eviction_requests,
             elapsed,
         };
-        for t in std::mem::take(&mut self.tracked).into_values() {
-            match t.state {
-                PodState::Gone => report.evicted.push(t.pod),
-                PodState::Refused(why) => report.refused.push((t.pod, why)),
-                _ => report.left_behind.push(t.pod),
-            }
-        }
         match outcome {
             DrainOutcome::DeadlineExceeded => {
                 let names: Vec<String> =
@@ -829,20 +614,14 @@ impl<'a> Drain<'a> {
             DrainOutcome::Drained | DrainOutcome::Refused => {
                 let refused: Vec<String> =
                     report.refused.iter().map(|(p, _)| p.to_string()).collect();
-                let note = if refused.is_empty() {
-                    format!(
-                        "{} pods evicted in {:.1}s",
-                        report.evicted.len(),
-                        elapsed.as_secs_f64()
-                    )
-                } else {
-                    format!(
-                        "{} pods evicted in {:.1}s; refused: {}",
-                        report.evicted.len(),
-                        elapsed.as_secs_f64(),
-                        refused.join(", ")
-                    )
-                };
+                let mut note = format!(
+                    "{} pods evicted in {:.1}s",
+                    report.evicted.len(),
+                    elapsed.as_secs_f64()
+                );
+                if !refused.is_empty() {
+                    note.push_str(&format!("; refused: {}", refused.join(", ")));
+                }
                 if eventful {
                     self.event(EventType::Normal, "DrainSucceeded", note).await;
                 }
@@ -852,260 +631,182 @@ impl<'a> Drain<'a> {
         Ok(report)
     }
 
-    fn mark_gone(&mut self, pods: &Mirror<Pod>) {
-        if !pods.synced {
-            return;
-        }
-        for (uid, t) in &mut self.tracked {
-            if !t.settled() && !pods.live.contains_key(uid) {
-                debug!(pod = %t.pod, "gone");
-                t.state = PodState::Gone;
-            }
-        }
-    }
-
-    fn budget_open(budgets: &Mirror<PodDisruptionBudget>, keys: &[String]) -> bool {
-        keys.iter().any(|k| {
-            budgets
-                .live
-                .get(k)
-                .and_then(|b| b.status.as_ref())
-                .is_some_and(|s| s.disruptions_allowed > 0)
-        })
-    }
-
-    /// When the earliest blocked or backed-off pod of the active waves may be tried again.
-    fn next_retry(&self, wave: usize, budgets: &Mirror<PodDisruptionBudget>) -> Option<Instant> {
-        self.tracked
-            .values()
-            .filter(|t| t.wave <= wave)
-            .filter_map(|t| match &t.state {
-                PodState::Backoff { until } => Some(*until),
-                PodState::Blocked {
-                    since,
-                    budgets: keys,
-                } => Some(if Self::budget_open(budgets, keys) {
-                    *since + BUDGET_RETRY_FLOOR
-                } else {
-                    *since + BUDGET_RETRY_CEILING
-                }),
-                _ => None,
-            })
-            .min()
-    }
-
-    fn launch(
-        &mut self,
-        now: Instant,
-        wave: usize,
-        budgets: &Mirror<PodDisruptionBudget>,
-        inflight: &mut FuturesUnordered<futures::future::BoxFuture<'static, EvictionResult>>,
-    ) {
-        for t in self.tracked.values_mut() {
-            if inflight.len() >= self.opts.concurrency {
-                return;
-            }
-            if t.wave > wave {
-                continue;
-            }
-            let ready = match &t.state {
-                PodState::Pending => true,
-                PodState::Backoff { until } => now >= *until,
-                PodState::Blocked {
-                    since,
-                    budgets: keys,
-                } => {
-                    now >= *since + BUDGET_RETRY_CEILING
-                        || (now >= *since + BUDGET_RETRY_FLOOR && Self::budget_open(budgets, keys))
-                }
-                _ => false,
-            };
-            if !ready {
-                continue;
-            }
-            t.state = PodState::InFlight;
-            t.attempts += 1;
-            self.eviction_requests += 1;
-            let api: Api<Pod> = Api::namespaced(self.client.clone(), &t.pod.namespace);
-            let pod = t.pod.clone();
-            inflight.push(
-                async move {
-                    let params = EvictParams {
-                        delete_options: Some(DeleteParams {
-                            preconditions: Some(kube::api::Preconditions {
-                                uid: Some(pod.uid.clone()),
-                                resource_version: None,
+    /// Starts what the schedule asked for; answers come back through `inflight`.
+    fn perform(&self, command: Command, inflight: &mut FuturesUnordered<Request>) {
+        match command {
+            Command::Evict(pod) => {
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+                inflight.push(
+                    async move {
+                        let params = EvictParams {
+                            delete_options: Some(DeleteParams {
+                                preconditions: Some(uid_precondition(&pod)),
+                                ..DeleteParams::default()
                             }),
+                            post_options: PostParams::default(),
+                        };
+                        let result = api.evict(&pod.name, &params).await.map(|_| ());
+                        (pod, Reply::Evict(result))
+                    }
+                    .boxed(),
+                );
+            }
+            Command::Delete { pod, grace } => {
+                let grace = u32::try_from(grace.as_secs()).unwrap_or(u32::MAX);
+                error!(pod = %pod, grace_seconds = grace, "deadline near: deleting pod past its disruption budget (drain.on_deadline = delete)");
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
+                inflight.push(
+                    async move {
+                        let params = DeleteParams {
+                            grace_period_seconds: Some(grace),
+                            preconditions: Some(uid_precondition(&pod)),
                             ..DeleteParams::default()
-                        }),
-                        post_options: PostParams::default(),
-                    };
-                    let result = api.evict(&pod.name, &params).await.map(|_| ());
-                    (pod.uid, result)
+                        };
+                        let result = api.delete(&pod.name, &params).await.map(|_| ());
+                        (pod, Reply::Delete(result))
+                    }
+                    .boxed(),
+                );
+            }
+            Command::WaveEnded { wave, settled } => {
+                if settled {
+                    debug!(node = self.node, wave, "wave done; next wave");
+                } else {
+                    warn!(
+                        node = self.node,
+                        wave,
+                        "wave used up its share of the deadline; starting the next one while its pods keep leaving"
+                    );
                 }
-                .boxed(),
-            );
+            }
+            Command::WaitingPastDeadline => warn!(
+                node = self.node,
+                "deadline passed; on_deadline = wait, so the drain goes on"
+            ),
         }
     }
 
-    fn answer(
-        &mut self,
-        uid: &str,
-        result: std::result::Result<(), kube::Error>,
+    /// Feeds an answer back to the schedule, logging what it means.
+    fn answered(
+        &self,
+        schedule: &mut Schedule,
         budgets: &Mirror<PodDisruptionBudget>,
+        pod: &PodRef,
+        reply: Reply,
     ) -> Result<()> {
-        let Some(t) = self.tracked.get_mut(uid) else {
-            return Ok(());
+        let result = match reply {
+            Reply::Delete(result) => {
+                let deleted = match result {
+                    Ok(()) => Deleted::Accepted,
+                    Err(kube::Error::Api(s)) if s.code == 404 => Deleted::Gone,
+                    Err(e) => {
+                        warn!(pod = %pod, error = %e, "cannot delete pod");
+                        Deleted::Failed
+                    }
+                };
+                schedule.delete_answered(&pod.uid, deleted);
+                return Ok(());
+            }
+            Reply::Evict(result) => result,
         };
-        if t.state != PodState::InFlight {
-            return Ok(());
-        }
-        let (code, budget_cause, message) = match &result {
-            Ok(()) => (201, false, String::new()),
+        let (code, cause, message) = match &result {
+            Ok(()) => (201, Cause::None, String::new()),
             Err(kube::Error::Api(s)) => (
                 s.code,
-                s.details
-                    .as_ref()
-                    .is_some_and(|d| d.causes.iter().any(|c| c.reason == "DisruptionBudget")),
+                Cause::of(
+                    s.details
+                        .iter()
+                        .flat_map(|d| d.causes.iter().map(|c| c.reason.as_str())),
+                ),
                 s.message.clone(),
             ),
             // No answer at all (connection refused, reset, timeout): as retryable as a 503.
-            Err(e) => (503, false, e.to_string()),
+            Err(e) => (503, Cause::None, e.to_string()),
         };
+        let labels = schedule
+            .get(&pod.uid)
+            .map(|t| t.labels.clone())
+            .unwrap_or_default();
+        let all = budgets.state();
         let matching: Vec<String> =
-            plan::budgets_for(&t.pod.namespace, &t.labels, budgets.live.values())
+            plan::budgets_for(&pod.namespace, &labels, all.iter().map(AsRef::as_ref))
                 .into_iter()
                 .map(pdb_key)
                 .collect();
-        let outcome = Answer {
+        let answer = Answer {
             code,
-            budget_cause,
+            cause,
             matching_budgets: matching.len(),
-        }
-        .outcome();
-        let now = Instant::now();
-        match outcome {
-            Outcome::Evicted | Outcome::Gone => {
-                debug!(pod = %t.pod, code, "eviction accepted");
-                t.state = PodState::Leaving;
-            }
-            Outcome::BudgetExhausted => {
-                debug!(pod = %t.pod, "blocked by a disruption budget");
-                t.state = PodState::Blocked {
-                    since: now,
-                    budgets: matching,
-                };
-            }
+            message,
+        };
+        match answer.outcome() {
+            Outcome::Evicted | Outcome::Gone => debug!(pod = %pod, code, "eviction accepted"),
+            Outcome::NamespaceTerminating => info!(
+                pod = %pod,
+                "its namespace is being deleted, which deletes the pod; waiting for it to go"
+            ),
+            Outcome::BudgetExhausted => debug!(pod = %pod, "blocked by a disruption budget"),
             Outcome::Retry => {
-                let backoff = RETRY_BASE
-                    .saturating_mul(1 << t.attempts.min(6))
-                    .min(RETRY_CAP);
-                debug!(pod = %t.pod, code, ?backoff, %message, "eviction failed; retrying");
-                t.state = PodState::Backoff {
-                    until: now + backoff,
-                };
+                debug!(pod = %pod, code, message = %answer.message, "eviction failed; retrying");
             }
             Outcome::MultipleBudgets => {
-                warn!(pod = %t.pod, budgets = ?matching, "more than one PodDisruptionBudget selects the pod; the Eviction API cannot evict it");
-                t.state = PodState::Refused(format!(
-                    "selected by more than one PodDisruptionBudget ({})",
-                    matching.join(", ")
-                ));
+                warn!(pod = %pod, budgets = ?matching, "more than one PodDisruptionBudget selects the pod; the Eviction API cannot evict it");
             }
-            Outcome::Forbidden => {
-                warn!(pod = %t.pod, "missing permission: create pods/eviction");
-                return Err(Error::Forbidden {
-                    verb: "create pods/eviction",
-                    pod: t.pod.to_string(),
-                });
-            }
+            Outcome::Forbidden => warn!(pod = %pod, "missing permission: create pods/eviction"),
             Outcome::Rejected => {
-                warn!(pod = %t.pod, code, %message, "eviction rejected");
-                t.state = PodState::Refused(format!("eviction rejected ({code}): {message}"));
+                warn!(pod = %pod, code, message = %answer.message, "eviction rejected");
             }
         }
-        Ok(())
-    }
-
-    /// The `delete` fallback: delete what is left with the remaining time as grace period,
-    /// bypassing budgets. Loud by design.
-    async fn delete_remaining(&mut self, left: Duration) {
-        let grace = i64::try_from(left.as_secs()).unwrap_or(i64::MAX);
-        for t in self.tracked.values_mut() {
-            if t.settled() || t.state == PodState::Leaving {
-                continue;
-            }
-            error!(pod = %t.pod, grace_seconds = grace, "deadline near: deleting pod past its disruption budget (drain.on_deadline = delete)");
-            let api: Api<Pod> = Api::namespaced(self.client.clone(), &t.pod.namespace);
-            let dp = DeleteParams {
-                grace_period_seconds: Some(u32::try_from(grace).unwrap_or(u32::MAX)),
-                preconditions: Some(kube::api::Preconditions {
-                    uid: Some(t.pod.uid.clone()),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(&t.pod.name, &dp).await {
-                Ok(_) => {
-                    self.force_deleted.push(t.pod.clone());
-                    t.state = PodState::Leaving;
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 => t.state = PodState::Gone,
-                Err(e) => warn!(pod = %t.pod, error = %e, "cannot delete pod"),
-            }
-        }
-    }
-
-    fn log_progress(&self) {
-        let total = self
-            .tracked
-            .values()
-            .filter(|t| !matches!(t.state, PodState::Refused(_)))
-            .count();
-        let gone = self
-            .tracked
-            .values()
-            .filter(|t| t.state == PodState::Gone)
-            .count();
-        let mut blocked: BTreeMap<&str, usize> = BTreeMap::new();
-        for t in self.tracked.values() {
-            if let PodState::Blocked { budgets, .. } = &t.state {
-                for b in budgets {
-                    *blocked.entry(b.as_str()).or_default() += 1;
-                }
-            }
-        }
-        let waiting: usize = self
-            .tracked
-            .values()
-            .filter(|t| matches!(t.state, PodState::Blocked { .. }))
-            .count();
-        let on: Vec<&str> = blocked.keys().copied().collect();
-        if waiting > 0 {
-            info!(
-                node = self.node,
-                evicted = gone,
-                total,
-                waiting,
-                "evicted {gone}/{total}, {waiting} waiting on PDB {}",
-                on.join(", ")
-            );
-        } else {
-            info!(
-                node = self.node,
-                evicted = gone,
-                total,
-                "evicted {gone}/{total}"
-            );
+        match schedule.evict_answered(&pod.uid, &answer, matching, Instant::now()) {
+            Verdict::Continue => Ok(()),
+            Verdict::Forbidden => Err(Error::Forbidden {
+                verb: "create pods/eviction",
+                pod: Some(pod.to_string()),
+            }),
         }
     }
 }
 
-/// This machine's hostname, for the event reporter instance.
-pub fn hostname() -> Option<String> {
-    nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
+fn uid_precondition(pod: &PodRef) -> kube::api::Preconditions {
+    kube::api::Preconditions {
+        uid: Some(pod.uid.clone()),
+        resource_version: None,
+    }
+}
+
+fn log_progress(node: &str, schedule: &Schedule) {
+    use super::step::PodState;
+    let total = schedule
+        .tracked()
+        .filter(|t| !matches!(t.state, PodState::Refused(_)))
+        .count();
+    let gone = schedule
+        .tracked()
+        .filter(|t| t.state == PodState::Gone)
+        .count();
+    let mut blocked: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut waiting = 0;
+    for t in schedule.tracked() {
+        if let PodState::Blocked { budgets, .. } = &t.state {
+            waiting += 1;
+            for b in budgets {
+                *blocked.entry(b.as_str()).or_default() += 1;
+            }
+        }
+    }
+    let on: Vec<&str> = blocked.keys().copied().collect();
+    if waiting > 0 {
+        info!(
+            node,
+            evicted = gone,
+            total,
+            waiting,
+            "evicted {gone}/{total}, {waiting} waiting on PDB {}",
+            on.join(", ")
+        );
+    } else {
+        info!(node, evicted = gone, total, "evicted {gone}/{total}");
+    }
 }
 
 /// A 403 on a watch the drain needs is a missing permission: say which, and stop. Any other
@@ -1114,10 +815,7 @@ fn check_watch_error(node: &str, e: &watcher::Error, verb: &'static str) -> Resu
     let forbidden = matches!(e, watcher::Error::InitialListFailed(kube::Error::Api(s)) | watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 403);
     if forbidden {
         warn!(node, "missing permission: {verb}");
-        return Err(Error::Forbidden {
-            verb,
-            pod: "-".into(),
-        });
+        return Err(Error::Forbidden { verb, pod: None });
     }
     warn!(node, error = %e, "watch failed; the watcher relists");
     Ok(())

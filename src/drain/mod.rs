@@ -2,13 +2,15 @@
 //!
 //! Evicting rather than deleting is the point: an eviction asks the API server to honour the
 //! pod's PodDisruptionBudget, so a drain never takes down more replicas than their owners allow.
-//! `plan.rs` decides (which pods, which wave, what an answer means) and `cordon.rs` decides who
-//! owns a cordon — both pure; `exec.rs` acts, driven by watches so it reacts in milliseconds and
+//! `plan.rs` decides (which pods, which wave, what an answer means), `step.rs` decides what to
+//! send when (waves, deadline, retries) and `cordon.rs` decides who owns a cordon — all pure;
+//! `exec.rs` acts, driven by watches so it reacts in milliseconds and
 //! reports done only when the pods are really gone.
 
 pub mod cordon;
 pub mod exec;
 pub mod plan;
+pub mod step;
 
 pub use exec::{
     CordonOutcome, DrainOptions, DrainOutcome, DrainReport, UncordonOutcome, cordon,

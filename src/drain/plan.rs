@@ -13,8 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::config::Wave;
 
-/// Annotation a pod owner sets to keep nodeward from ever evicting the pod.
-pub const DRAIN_ANNOTATION: &str = "nodeward.io/drain";
+pub use crate::names::DRAIN_ANNOTATION;
 /// Annotation kubelet sets on mirror pods of static pods.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 /// Priority of `system-cluster-critical`; `system-node-critical` is 2000001000.
@@ -307,16 +306,46 @@ pub fn budgets_for<'a>(
         .collect()
 }
 
+/// The structured cause a refusal carried (`details.causes[].reason`), never its message text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Cause {
+    /// None that matters to a drain.
+    #[default]
+    None,
+    /// `DisruptionBudget`: how the apiserver marks a 429 that a budget caused, as opposed to
+    /// API Priority and Fairness throttling.
+    DisruptionBudget,
+    /// `NamespaceTerminating`: the NamespaceLifecycle admission plugin refuses every create,
+    /// evictions included, in a namespace being deleted.
+    NamespaceTerminating,
+}
+
+impl Cause {
+    /// From the reasons of a Status's `details.causes`.
+    pub fn of<'a>(reasons: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut cause = Self::None;
+        for r in reasons {
+            match r {
+                "DisruptionBudget" => cause = Self::DisruptionBudget,
+                "NamespaceTerminating" => cause = Self::NamespaceTerminating,
+                _ => {}
+            }
+        }
+        cause
+    }
+}
+
 /// What the API said to one eviction, reduced to what a drain needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
     /// HTTP status code (200/201 for success).
     pub code: u16,
-    /// The Status carried a cause of type `DisruptionBudget` (how the apiserver marks a 429
-    /// that a budget caused, as opposed to API Priority and Fairness throttling).
-    pub budget_cause: bool,
+    /// The structured cause.
+    pub cause: Cause,
     /// How many budgets select the pod, from nodeward's own view of them.
     pub matching_budgets: usize,
+    /// The API's message (for reports; never classified).
+    pub message: String,
 }
 
 /// The meaning of an eviction answer.
@@ -326,6 +355,10 @@ pub enum Outcome {
     Evicted,
     /// 404: the pod is already gone.
     Gone,
+    /// 403 with the cause `NamespaceTerminating`: no eviction can succeed in a namespace being
+    /// deleted, and the namespace controller deletes the pod anyway: wait for it to go (kubectl
+    /// drain also waits rather than fail).
+    NamespaceTerminating,
     /// 429 from a budget: wait for its `disruptionsAllowed` to rise.
     BudgetExhausted,
     /// 500 while more than one budget selects the pod: the Eviction API cannot evict it.
@@ -344,24 +377,13 @@ impl Answer {
         match self.code {
             200 | 201 => Outcome::Evicted,
             404 => Outcome::Gone,
-            429 if self.budget_cause => Outcome::BudgetExhausted,
+            403 if self.cause == Cause::NamespaceTerminating => Outcome::NamespaceTerminating,
+            429 if self.cause == Cause::DisruptionBudget => Outcome::BudgetExhausted,
             500 if self.matching_budgets > 1 => Outcome::MultipleBudgets,
             403 => Outcome::Forbidden,
             409 | 429 | 500..=599 => Outcome::Retry,
             _ => Outcome::Rejected,
         }
-    }
-}
-
-impl Outcome {
-    /// The pod is on its way out; wait for its deletion.
-    pub fn is_done(self) -> bool {
-        matches!(self, Self::Evicted | Self::Gone)
-    }
-
-    /// Worth another attempt after a backoff.
-    pub fn is_retryable(self) -> bool {
-        matches!(self, Self::Retry | Self::BudgetExhausted)
     }
 }
 

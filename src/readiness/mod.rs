@@ -15,15 +15,14 @@
 pub mod controller;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use serde_json::json;
-use tracing::{debug, info};
+use tracing::info;
 
 use crate::gate::Verdict;
-pub use crate::render::values::STARTUP_TAINT_KEY;
+pub use crate::names::{CONDITION_TYPE, STARTUP_TAINT_KEY};
+use crate::node_write::{self, NodeWrite, WriteError};
 
-/// The Node condition the agent reports: `True` when every readiness gate passes.
-pub const CONDITION_TYPE: &str = "nodeward.io/Ready";
 /// `reason` of a `True` condition.
 pub const REASON_PASSED: &str = "GatesPassed";
 /// `reason` of a `False` condition.
@@ -33,10 +32,6 @@ pub const REASON_FAILING: &str = "GatesFailing";
 pub const REASON_NOT_READY_IN_TIME: &str = "NotReadyInTime";
 /// The startup taint's effect: new pods stay away, running ones (DaemonSets) stay.
 pub const STARTUP_TAINT_EFFECT: &str = "NoSchedule";
-/// Field manager of every write this module makes.
-pub const FIELD_MANAGER: &str = "nodeward";
-/// Conflicting writes to the Node retried this many times (kubelet updates it too).
-const PATCH_ATTEMPTS: usize = 5;
 /// The API keeps condition messages short in practice; ours names the failing gates.
 const MESSAGE_MAX: usize = 1024;
 
@@ -131,7 +126,7 @@ pub async fn write_condition(
     }]}});
     let api: Api<Node> = Api::all(client.clone());
     let n = api
-        .patch_status(node, &params(), &Patch::Strategic(&patch))
+        .patch_status(node, &node_write::patch_params(), &Patch::Strategic(&patch))
         .await
         .map_err(|source| Error::Api {
             node: node.into(),
@@ -192,13 +187,6 @@ fn is_startup_taint(t: &Taint) -> bool {
     t.key == STARTUP_TAINT_KEY && t.effect == STARTUP_TAINT_EFFECT
 }
 
-fn params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    }
-}
-
 /// Errors writing the Node.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -214,7 +202,10 @@ pub enum Error {
         source: kube::Error,
     },
     /// Another writer kept changing the Node.
-    #[error("node {node} kept changing under us ({PATCH_ATTEMPTS} conflicting writes)")]
+    #[error(
+        "node {node} kept changing under us ({} conflicting writes)",
+        node_write::ATTEMPTS
+    )]
     Conflict {
         /// The node.
         node: String,
@@ -246,20 +237,11 @@ pub async fn set_startup_taint(
     add: bool,
     current: Option<Node>,
 ) -> Result<(Node, bool), Error> {
-    let api: Api<Node> = Api::all(client.clone());
-    let mut current = current;
-    for _ in 0..PATCH_ATTEMPTS {
-        let n = match current.take() {
-            Some(n) => n,
-            None => api.get(node).await.map_err(|source| Error::Api {
-                node: node.into(),
-                action: "get",
-                source,
-            })?,
-        };
-        let mut list = taints(&n);
+    let action = "patch taints of";
+    let written = node_write::write_guarded(client, node, action, current, |n| {
+        let mut list = taints(n);
         if list.iter().any(is_startup_taint) == add {
-            return Ok((n, false));
+            return Ok::<_, std::convert::Infallible>(NodeWrite::Done(false));
         }
         if add {
             list.push(Taint {
@@ -270,36 +252,34 @@ pub async fn set_startup_taint(
         } else {
             list.retain(|t| !is_startup_taint(t));
         }
-        let patch = json!({
-            "metadata": {"resourceVersion": n.metadata.resource_version},
-            "spec": {"taints": if list.is_empty() { serde_json::Value::Null } else { json!(list) }},
-        });
-        match api.patch(node, &params(), &Patch::Merge(&patch)).await {
-            Ok(n) => {
+        let taints = if list.is_empty() {
+            serde_json::Value::Null
+        } else {
+            json!(list)
+        };
+        Ok(NodeWrite::Patch(json!({"spec": {"taints": taints}}), true))
+    })
+    .await;
+    match written {
+        Ok((n, changed)) => {
+            if changed {
                 info!(
                     node,
                     taint = STARTUP_TAINT_KEY,
                     added = add,
                     "startup taint changed"
                 );
-                return Ok((n, true));
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                debug!(
-                    node,
-                    "conflict while changing the startup taint; re-reading"
-                );
-            }
-            Err(source) => {
-                return Err(Error::Api {
-                    node: node.into(),
-                    action: "patch taints of",
-                    source,
-                });
-            }
+            Ok((n, changed))
         }
+        Err(WriteError::Api { action, source }) => Err(Error::Api {
+            node: node.into(),
+            action,
+            source,
+        }),
+        Err(WriteError::Conflict) => Err(Error::Conflict { node: node.into() }),
+        Err(WriteError::Refused(never)) => match never {},
     }
-    Err(Error::Conflict { node: node.into() })
 }
 
 #[cfg(test)]

@@ -125,11 +125,11 @@ pub fn render(name: &str, template: &str, values: &Values) -> Result<String> {
             .join(","),
         node_taints: values.node_taints.iter().map(template_taint).collect(),
         startup_taint: TemplateTaint {
-            key: values::STARTUP_TAINT_KEY,
+            key: crate::names::STARTUP_TAINT_KEY,
             value: None,
             effect: crate::validate::TaintEffect::NoSchedule.to_string(),
         },
-        node_group_label: values::NODE_GROUP_LABEL,
+        node_group_label: crate::names::NODE_GROUP_LABEL,
         kubernetes_version: &values.kubernetes_version.full,
         kubernetes_minor: values.kubernetes_version.minor,
         package_url_deb: values.package_url.deb.as_deref(),

@@ -12,14 +12,9 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::Deserialize;
 
+use crate::names::NODE_GROUP_LABEL;
 use crate::secret::Secret;
 use crate::validate::{self, Taint};
-
-/// The label every node of a group carries; the scaler finds its nodes by it.
-pub const NODE_GROUP_LABEL: &str = "nodeward.io/node-group";
-
-/// The taint a new node registers with; the agent removes it when the readiness gates pass.
-pub const STARTUP_TAINT_KEY: &str = "node.nodeward.io/not-ready";
 
 /// Default hostname pattern, as in the Cherry Servers autoscaler the project grew from.
 pub const DEFAULT_HOSTNAME_PATTERN: &str = "k8s-{{ cluster_name }}-{{ node_group }}-{{ rand8 }}";

@@ -18,7 +18,7 @@ use jiff::{SignedDuration, Timestamp};
 use super::model::{Backoff, MachineView, NodeView, PodView, Requirement, Snapshot, TaintView};
 use super::resources::Resources;
 use crate::config::{Expander, GroupSettings, ScalerSettings};
-use crate::render::values::NODE_GROUP_LABEL;
+use crate::names::NODE_GROUP_LABEL;
 
 /// Why a group grows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

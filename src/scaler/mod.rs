@@ -82,7 +82,7 @@ pub fn provider_from_settings(
 /// This replica's Lease identity: the hostname (the pod name in a Deployment) and a random
 /// suffix, so a restarted process never mistakes its predecessor's Lease for its own.
 pub fn identity() -> String {
-    let host = crate::drain::exec::hostname().unwrap_or_else(|| "nodeward-scaler".into());
+    let host = crate::events::hostname().unwrap_or_else(|| "nodeward-scaler".into());
     format!("{host}_{}", crate::render::values::rand8())
 }
 

@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, Toleration};
 
 use super::resources::Resources;
-use crate::render::values::{NODE_GROUP_LABEL, STARTUP_TAINT_KEY};
+use crate::names::{NODE_GROUP_LABEL, STARTUP_TAINT_KEY};
 
 /// The annotation holding the RFC 3339 time a node became unneeded.
 pub const UNNEEDED_SINCE: &str = "nodeward.io/unneeded-since";

@@ -75,6 +75,25 @@ impl Cluster {
         }
     }
 
+    /// Stops a component of the real control plane (`kube-controller-manager`, …) with SIGSTOP
+    /// until the returned guard is dropped: a controller that has not acted yet, for as long as
+    /// a test needs.
+    pub fn pause(&self, component: &str) -> Paused {
+        let Cluster::Real { dir, .. } = self else {
+            panic!("only the real control plane has components to pause");
+        };
+        let file = dir.join(format!("{component}.pid"));
+        let pid: i32 = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let pid = nix::unistd::Pid::from_raw(pid);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP)
+            .unwrap_or_else(|e| panic!("SIGSTOP {component}: {e}"));
+        Paused(pid)
+    }
+
     /// Whether this is the real control plane.
     pub fn is_real(&self) -> bool {
         matches!(self, Cluster::Real { .. })
@@ -525,4 +544,13 @@ pub async fn cherry_emulator(token: &str) -> Arc<cherry_emulator::CherryEmulator
         .await
         .expect("cherry emulator"),
     )
+}
+
+/// A paused control-plane component; dropping it lets the component go on (SIGCONT).
+pub struct Paused(nix::unistd::Pid);
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
 }

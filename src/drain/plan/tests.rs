@@ -261,35 +261,47 @@ fn selectors() {
 
 #[test]
 fn every_eviction_answer() {
-    let a = |code, budget_cause, matching_budgets| {
+    use Cause::{DisruptionBudget as Budget, NamespaceTerminating as Terminating, None as No};
+    let a = |code, cause, matching_budgets| {
         Answer {
             code,
-            budget_cause,
+            cause,
             matching_budgets,
+            message: String::new(),
         }
         .outcome()
     };
     let cases = [
-        (a(201, false, 0), Outcome::Evicted),
-        (a(200, false, 1), Outcome::Evicted),
-        (a(404, false, 0), Outcome::Gone),
-        (a(429, true, 1), Outcome::BudgetExhausted),
-        (a(429, false, 1), Outcome::Retry),
-        (a(500, false, 2), Outcome::MultipleBudgets),
-        (a(500, false, 1), Outcome::Retry),
-        (a(503, false, 0), Outcome::Retry),
-        (a(409, false, 0), Outcome::Retry),
-        (a(403, false, 0), Outcome::Forbidden),
-        (a(422, false, 0), Outcome::Rejected),
-        (a(400, false, 0), Outcome::Rejected),
+        (a(201, No, 0), Outcome::Evicted),
+        (a(200, No, 1), Outcome::Evicted),
+        (a(404, No, 0), Outcome::Gone),
+        (a(429, Budget, 1), Outcome::BudgetExhausted),
+        (a(429, No, 1), Outcome::Retry),
+        (a(500, No, 2), Outcome::MultipleBudgets),
+        (a(500, No, 1), Outcome::Retry),
+        (a(503, No, 0), Outcome::Retry),
+        (a(409, No, 0), Outcome::Retry),
+        (a(403, No, 0), Outcome::Forbidden),
+        (a(403, Terminating, 0), Outcome::NamespaceTerminating),
+        (a(403, Budget, 0), Outcome::Forbidden),
+        (a(429, Terminating, 0), Outcome::Retry),
+        (a(422, No, 0), Outcome::Rejected),
+        (a(400, No, 0), Outcome::Rejected),
     ];
     for (i, (got, want)) in cases.iter().enumerate() {
         assert_eq!(got, want, "case {i}");
     }
-    assert!(Outcome::Evicted.is_done() && Outcome::Gone.is_done());
-    assert!(!Outcome::BudgetExhausted.is_done());
-    assert!(Outcome::Retry.is_retryable() && Outcome::BudgetExhausted.is_retryable());
-    assert!(!Outcome::Forbidden.is_retryable() && !Outcome::MultipleBudgets.is_retryable());
+}
+
+#[test]
+fn causes_are_read_from_their_reasons() {
+    assert_eq!(Cause::of(["DisruptionBudget"]), Cause::DisruptionBudget);
+    assert_eq!(
+        Cause::of(["FieldValueInvalid", "NamespaceTerminating"]),
+        Cause::NamespaceTerminating
+    );
+    assert_eq!(Cause::of(["Forbidden"]), Cause::None);
+    assert_eq!(Cause::of([]), Cause::None);
 }
 
 #[test]

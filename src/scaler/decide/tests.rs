@@ -1,6 +1,6 @@
 use super::*;
 use crate::config::{Capacity, GroupSettings};
-use crate::render::values::STARTUP_TAINT_KEY;
+use crate::names::STARTUP_TAINT_KEY;
 use crate::scaler::model::{TolerationView, UNNEEDED_SINCE};
 
 const GI: i64 = 1024 * 1024 * 1024;

@@ -1,0 +1,538 @@
+//! The drain's scheduling, decided purely: the state of every pod and `now` in, the commands to
+//! run out (evict, delete past the budget, finish, or wait until a time).
+//!
+//! Nothing here performs I/O or reads the clock. `exec.rs` owns the watches and the requests: it
+//! feeds this state what it saw (pods listed or gone, answers to evictions and deletions), asks
+//! [`Schedule::step`] what to do at `now`, runs the commands and sleeps until an event or the
+//! returned wake-up time. Waves, the deadline and each `on_deadline` policy, and the retry rules
+//! of a budget-blocked or backed-off pod are therefore table-tested with synthetic instants.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::time::Instant;
+
+use super::plan::{self, Answer, Decision, Outcome, PlanOptions, PodRef, RefuseReason, SkipReason};
+use crate::config::OnDeadline;
+
+/// After a 429 from a budget, the earliest retry even if the budget reopens at once: keeps a
+/// budget that flaps from turning into a hot loop.
+pub const BUDGET_RETRY_FLOOR: Duration = Duration::from_millis(50);
+/// Retry a budget-blocked pod at least this often even without a budget event; kubectl drain
+/// also retries a 429 after 5 s.
+pub const BUDGET_RETRY_CEILING: Duration = Duration::from_secs(5);
+/// First backoff after a server error or throttling; doubles per attempt.
+pub const RETRY_BASE: Duration = Duration::from_millis(100);
+/// Backoff cap for server errors, so a recovered API server is noticed within seconds; also how
+/// often a drain that waits past its deadline (`on_deadline = wait`) looks again.
+pub const RETRY_CAP: Duration = Duration::from_secs(5);
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// Every evictable pod is gone.
+    Drained,
+    /// Every evictable pod is gone, but some pods were refused and are still there.
+    Refused,
+    /// The deadline passed with pods still on the node.
+    DeadlineExceeded,
+}
+
+impl fmt::Display for DrainOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Drained => "drained",
+            Self::Refused => "drained except refused pods",
+            Self::DeadlineExceeded => "deadline exceeded",
+        })
+    }
+}
+
+/// Why a pod stays on the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The plan refused it (unmanaged, emptyDir, annotated).
+    Plan(RefuseReason),
+    /// More than one budget selects it: the Eviction API cannot evict it.
+    MultipleBudgets(Vec<String>),
+    /// The API rejected the eviction for good (a 4xx other than the ones a drain waits out).
+    Rejected {
+        /// HTTP status.
+        code: u16,
+        /// The API's message.
+        message: String,
+    },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Plan(r) => r.fmt(f),
+            Self::MultipleBudgets(b) => write!(
+                f,
+                "selected by more than one PodDisruptionBudget ({})",
+                b.join(", ")
+            ),
+            Self::Rejected { code, message } => write!(f, "eviction rejected ({code}): {message}"),
+        }
+    }
+}
+
+/// Where one pod is in its eviction.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodState {
+    /// Not tried yet.
+    Pending,
+    /// An eviction (or the fallback's deletion) is in flight.
+    InFlight,
+    /// A budget said no at `since`; retry when it opens.
+    Blocked {
+        /// When the budget refused.
+        since: Instant,
+        /// The budgets (`namespace/name`) that select the pod.
+        budgets: Vec<String>,
+    },
+    /// A transient error; retry at `until`.
+    Backoff {
+        /// When to try again.
+        until: Instant,
+    },
+    /// Accepted, deleted by the fallback, or deleted by its namespace: waiting for it to go.
+    Leaving,
+    /// Gone from the node.
+    Gone,
+    /// Will not be evicted.
+    Refused(Refusal),
+}
+
+/// One pod the drain evicts or refuses.
+#[derive(Debug, Clone)]
+pub struct Tracked {
+    /// The pod.
+    pub pod: PodRef,
+    /// Its labels, to find the budgets that select it.
+    pub labels: BTreeMap<String, String>,
+    /// Its wave.
+    pub wave: usize,
+    /// Where it is.
+    pub state: PodState,
+    /// Eviction requests sent for it.
+    pub attempts: u32,
+    /// Requests for it not answered yet (the pod may be gone before its answer comes back).
+    pub outstanding: u32,
+}
+
+impl Tracked {
+    fn settled(&self) -> bool {
+        matches!(self.state, PodState::Gone | PodState::Refused(_))
+    }
+}
+
+/// Something to do now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Send an eviction for the pod (UID precondition); answer with [`Schedule::evict_answered`].
+    Evict(PodRef),
+    /// `on_deadline = delete`: delete the pod past its budget with this grace period; answer
+    /// with [`Schedule::delete_answered`].
+    Delete {
+        /// The pod.
+        pod: PodRef,
+        /// Its grace period: the time left before the deadline.
+        grace: Duration,
+    },
+    /// A wave ended; `settled` is false when its share of the deadline ran out first.
+    WaveEnded {
+        /// The wave that ended.
+        wave: usize,
+        /// Every pod of it (and the waves before) is gone or refused.
+        settled: bool,
+    },
+    /// The deadline passed and `on_deadline = wait`: the drain goes on (said once).
+    WaitingPastDeadline,
+}
+
+/// What to do at `now`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Run the commands, then wait for an event, or until `wake`.
+    Run {
+        /// In order.
+        commands: Vec<Command>,
+        /// When to step again if nothing happens.
+        wake: Instant,
+    },
+    /// The drain is over.
+    Done(DrainOutcome),
+}
+
+/// How a deletion of the fallback ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    /// The API accepted it.
+    Accepted,
+    /// 404: the pod was already gone.
+    Gone,
+    /// Any other failure (logged by the executor); the pod stays until the deadline.
+    Failed,
+}
+
+/// The eviction answer, decided: what the executor must stop for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing special; go on stepping.
+    Continue,
+    /// The credentials cannot create `pods/eviction`: the drain stops.
+    Forbidden,
+}
+
+/// Timing and concurrency of a drain.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Evictions in flight at once.
+    pub concurrency: usize,
+    /// The overall deadline.
+    pub timeout: Duration,
+    /// What happens when the deadline nears.
+    pub on_deadline: OnDeadline,
+}
+
+/// The whole scheduling state of one drain.
+#[derive(Debug)]
+pub struct Schedule {
+    limits: Limits,
+    plan: PlanOptions,
+    deadline: Instant,
+    fallback_at: Instant,
+    wave_ends: Vec<Instant>,
+    wave: usize,
+    pods: BTreeMap<String, Tracked>,
+    skipped: Vec<(PodRef, SkipReason)>,
+    force_deleted: Vec<PodRef>,
+    in_flight: usize,
+    eviction_requests: usize,
+    fallback_started: bool,
+    said_past_deadline: bool,
+}
+
+impl Schedule {
+    /// A drain that started at `started`.
+    pub fn new(limits: Limits, plan: PlanOptions, started: Instant) -> Self {
+        let wave_ends = plan::wave_deadlines(limits.timeout, &plan.waves)
+            .into_iter()
+            .map(|d| started + d)
+            .collect();
+        let deadline = started + limits.timeout;
+        Self {
+            fallback_at: deadline - plan::fallback_margin(limits.timeout),
+            deadline,
+            wave_ends,
+            wave: 0,
+            pods: BTreeMap::new(),
+            skipped: Vec::new(),
+            force_deleted: Vec::new(),
+            in_flight: 0,
+            eviction_requests: 0,
+            fallback_started: false,
+            said_past_deadline: false,
+            limits,
+            plan,
+        }
+    }
+
+    /// Takes a pod into the drain (once per UID): evicted in its wave, refused, or skipped. A pod
+    /// already terminating needs no eviction, only the wait. New pods that appear on the node
+    /// during the drain (bound before the cordon) are taken in the same way.
+    pub fn track(&mut self, pod: &Pod) {
+        let r = PodRef::of(pod);
+        if self.pods.contains_key(&r.uid) || self.skipped.iter().any(|(p, _)| p.uid == r.uid) {
+            return;
+        }
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let (wave, state) = match plan::decide(pod, &self.plan) {
+            Decision::Evict { wave } if pod.metadata.deletion_timestamp.is_some() => {
+                (wave, PodState::Leaving)
+            }
+            Decision::Evict { wave } => (wave, PodState::Pending),
+            Decision::Refuse(why) => (0, PodState::Refused(Refusal::Plan(why))),
+            Decision::Skip(why) => {
+                self.skipped.push((r, why));
+                return;
+            }
+        };
+        self.pods.insert(
+            r.uid.clone(),
+            Tracked {
+                pod: r,
+                labels,
+                wave,
+                state,
+                attempts: 0,
+                outstanding: 0,
+            },
+        );
+    }
+
+    /// Marks every pod not in `present` (UIDs on the node, from a synced pod list) as gone.
+    pub fn observe(&mut self, present: &BTreeSet<String>) {
+        for (uid, t) in &mut self.pods {
+            if !t.settled() && !present.contains(uid) {
+                t.state = PodState::Gone;
+            }
+        }
+    }
+
+    /// The pods to evict and the pods refused by the plan.
+    pub fn counts(&self) -> (usize, usize) {
+        let refused = self
+            .pods
+            .values()
+            .filter(|t| matches!(t.state, PodState::Refused(_)))
+            .count();
+        (self.pods.len() - refused, refused)
+    }
+
+    /// The pods left alone (DaemonSet, mirror, finished).
+    pub fn skipped(&self) -> usize {
+        self.skipped.len()
+    }
+
+    /// No pod to evict or refuse (nothing a drain would report as an Event).
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// A tracked pod.
+    pub fn get(&self, uid: &str) -> Option<&Tracked> {
+        self.pods.get(uid)
+    }
+
+    /// Every tracked pod.
+    pub fn tracked(&self) -> impl Iterator<Item = &Tracked> {
+        self.pods.values()
+    }
+
+    /// What to do at `now`. `budget_open(key)` tells whether the budget `namespace/name` allows
+    /// a disruption now (from the budget watch).
+    pub fn step(&mut self, now: Instant, budget_open: &dyn Fn(&str) -> bool) -> Step {
+        let mut commands = Vec::new();
+        self.advance_waves(now, &mut commands);
+        if self.pods.values().all(Tracked::settled) {
+            let refused = self
+                .pods
+                .values()
+                .any(|t| matches!(t.state, PodState::Refused(_)));
+            return Step::Done(if refused {
+                DrainOutcome::Refused
+            } else {
+                DrainOutcome::Drained
+            });
+        }
+        let wait = self.limits.on_deadline == OnDeadline::Wait;
+        if now >= self.deadline {
+            if !wait {
+                return Step::Done(DrainOutcome::DeadlineExceeded);
+            }
+            if !self.said_past_deadline {
+                self.said_past_deadline = true;
+                commands.push(Command::WaitingPastDeadline);
+            }
+        }
+        let delete = self.limits.on_deadline == OnDeadline::Delete;
+        if delete && !self.fallback_started && now >= self.fallback_at {
+            self.fallback_started = true;
+            let grace = self.deadline.saturating_duration_since(now);
+            for t in self.pods.values_mut() {
+                if !t.settled() && t.state != PodState::Leaving {
+                    t.state = PodState::InFlight;
+                    t.outstanding += 1;
+                    self.in_flight += 1;
+                    commands.push(Command::Delete {
+                        pod: t.pod.clone(),
+                        grace,
+                    });
+                }
+            }
+        }
+        for t in self.pods.values_mut() {
+            if self.in_flight >= self.limits.concurrency {
+                break;
+            }
+            if t.wave <= self.wave && retry_at(t, now, budget_open).is_some_and(|at| now >= at) {
+                t.state = PodState::InFlight;
+                t.attempts += 1;
+                t.outstanding += 1;
+                self.in_flight += 1;
+                self.eviction_requests += 1;
+                commands.push(Command::Evict(t.pod.clone()));
+            }
+        }
+        let mut wake = if wait { now + RETRY_CAP } else { self.deadline };
+        if delete && !self.fallback_started {
+            wake = wake.min(self.fallback_at);
+        }
+        if self.wave + 1 < self.wave_ends.len() {
+            wake = wake.min(self.wave_ends[self.wave]);
+        }
+        if self.in_flight < self.limits.concurrency
+            && let Some(t) = self
+                .pods
+                .values()
+                .filter(|t| t.wave <= self.wave)
+                .filter_map(|t| retry_at(t, now, budget_open))
+                .min()
+        {
+            wake = wake.min(t);
+        }
+        Step::Run { commands, wake }
+    }
+
+    /// Advances through waves whose pods are all settled or whose share of time is spent.
+    fn advance_waves(&mut self, now: Instant, commands: &mut Vec<Command>) {
+        while self.wave + 1 < self.wave_ends.len() {
+            let settled = self
+                .pods
+                .values()
+                .filter(|t| t.wave <= self.wave)
+                .all(Tracked::settled);
+            if !settled && now < self.wave_ends[self.wave] {
+                return;
+            }
+            commands.push(Command::WaveEnded {
+                wave: self.wave,
+                settled,
+            });
+            self.wave += 1;
+        }
+    }
+
+    /// The answer to an eviction of `uid` at `now`; `matching` are the budgets that select the
+    /// pod in the drain's view of them.
+    pub fn evict_answered(
+        &mut self,
+        uid: &str,
+        answer: &Answer,
+        matching: Vec<String>,
+        now: Instant,
+    ) -> Verdict {
+        let Some(t) = self.pods.get_mut(uid) else {
+            return Verdict::Continue;
+        };
+        if t.outstanding > 0 {
+            t.outstanding -= 1;
+            self.in_flight -= 1;
+        }
+        if t.state != PodState::InFlight {
+            return Verdict::Continue;
+        }
+        t.state = match answer.outcome() {
+            Outcome::Evicted | Outcome::Gone | Outcome::NamespaceTerminating => PodState::Leaving,
+            Outcome::BudgetExhausted => PodState::Blocked {
+                since: now,
+                budgets: matching,
+            },
+            Outcome::Retry => PodState::Backoff {
+                until: now + backoff(t.attempts),
+            },
+            Outcome::MultipleBudgets => PodState::Refused(Refusal::MultipleBudgets(matching)),
+            Outcome::Rejected => PodState::Refused(Refusal::Rejected {
+                code: answer.code,
+                message: answer.message.clone(),
+            }),
+            Outcome::Forbidden => {
+                t.state = PodState::Pending;
+                return Verdict::Forbidden;
+            }
+        };
+        Verdict::Continue
+    }
+
+    /// The answer to a deletion of the `delete` fallback.
+    pub fn delete_answered(&mut self, uid: &str, result: Deleted) {
+        let Some(t) = self.pods.get_mut(uid) else {
+            return;
+        };
+        if t.outstanding > 0 {
+            t.outstanding -= 1;
+            self.in_flight -= 1;
+        }
+        if result == Deleted::Accepted {
+            // Counted even when the watch saw the pod go before this answer came back.
+            self.force_deleted.push(t.pod.clone());
+        }
+        if t.state != PodState::InFlight {
+            return;
+        }
+        t.state = match result {
+            Deleted::Accepted => PodState::Leaving,
+            Deleted::Gone => PodState::Gone,
+            // Left to the evictions and the deadline.
+            Deleted::Failed => PodState::Pending,
+        };
+    }
+
+    /// The report's lists: evicted, skipped, refused, left behind, deleted past the budget, and
+    /// the eviction requests sent.
+    pub fn finish(self) -> Tally {
+        let mut tally = Tally {
+            skipped: self.skipped,
+            force_deleted: self.force_deleted,
+            eviction_requests: self.eviction_requests,
+            ..Tally::default()
+        };
+        for t in self.pods.into_values() {
+            match t.state {
+                PodState::Gone => tally.evicted.push(t.pod),
+                PodState::Refused(why) => tally.refused.push((t.pod, why)),
+                _ => tally.left_behind.push(t.pod),
+            }
+        }
+        tally
+    }
+}
+
+/// What became of the pods, for the report.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Evicted and gone.
+    pub evicted: Vec<PodRef>,
+    /// Left alone, and why.
+    pub skipped: Vec<(PodRef, SkipReason)>,
+    /// Refused, and why.
+    pub refused: Vec<(PodRef, Refusal)>,
+    /// Still on the node.
+    pub left_behind: Vec<PodRef>,
+    /// Deleted past their budget by the fallback.
+    pub force_deleted: Vec<PodRef>,
+    /// Eviction requests sent.
+    pub eviction_requests: usize,
+}
+
+/// When a pod may be tried (again): at once when pending; after its backoff; for a pod a
+/// budget blocked, [`BUDGET_RETRY_FLOOR`] after the refusal once a budget selecting it opens,
+/// and [`BUDGET_RETRY_CEILING`] after it in any case. `None`: not to be tried.
+fn retry_at(t: &Tracked, now: Instant, budget_open: &dyn Fn(&str) -> bool) -> Option<Instant> {
+    match &t.state {
+        PodState::Pending => Some(now),
+        PodState::Backoff { until } => Some(*until),
+        PodState::Blocked { since, budgets } => Some(if budgets.iter().any(|b| budget_open(b)) {
+            *since + BUDGET_RETRY_FLOOR
+        } else {
+            *since + BUDGET_RETRY_CEILING
+        }),
+        _ => None,
+    }
+}
+
+/// The backoff after `attempts` failed tries: doubling from [`RETRY_BASE`], capped at
+/// [`RETRY_CAP`].
+pub fn backoff(attempts: u32) -> Duration {
+    RETRY_BASE
+        .saturating_mul(1 << attempts.min(6))
+        .min(RETRY_CAP)
+}
+
+#[cfg(test)]
+mod tests;

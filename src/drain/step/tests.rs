@@ -1,0 +1,445 @@
+//! The drain's scheduling under a synthetic clock: every instant below is `t0` plus an offset,
+//! so waves, deadlines, fallbacks and retries are checked to the millisecond without waiting.
+
+use serde_json::json;
+
+use super::*;
+use crate::config::Wave;
+use crate::drain::plan::Cause;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn pod(name: &str, priority: i32) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": name, "labels": {"app": "web"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "r", "controller": true}]},
+        "spec": {"containers": [{"name": "c"}], "priority": priority},
+        "status": {"phase": "Running"}
+    }))
+    .expect("pod")
+}
+
+/// Two waves (critical pods last, 30% of the deadline), 10 s, concurrency 10.
+fn schedule(on_deadline: OnDeadline, concurrency: usize, t0: Instant) -> Schedule {
+    Schedule::new(
+        Limits {
+            concurrency,
+            timeout: Duration::from_secs(10),
+            on_deadline,
+        },
+        PlanOptions {
+            force: false,
+            delete_emptydir_data: false,
+            waves: vec![
+                Wave {
+                    min_priority: i32::MIN,
+                    share_of_deadline: 0.7,
+                },
+                Wave {
+                    min_priority: 1000,
+                    share_of_deadline: 0.3,
+                },
+            ],
+        },
+        t0,
+    )
+}
+
+fn closed(_: &str) -> bool {
+    false
+}
+
+fn open(_: &str) -> bool {
+    true
+}
+
+fn answer(code: u16, cause: Cause) -> Answer {
+    Answer {
+        code,
+        cause,
+        matching_budgets: 1,
+        message: "m".into(),
+    }
+}
+
+/// The names evicted by a step, and its wake-up offset from `t0`.
+fn run(s: &mut Schedule, t0: Instant, at: Duration, budgets: &dyn Fn(&str) -> bool) -> Step {
+    s.step(t0 + at, budgets)
+}
+
+fn evicted(step: &Step) -> Vec<String> {
+    match step {
+        Step::Run { commands, .. } => commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Evict(p) => Some(p.name.clone()),
+                _ => None,
+            })
+            .collect(),
+        Step::Done(_) => Vec::new(),
+    }
+}
+
+fn wake(step: &Step, t0: Instant) -> Duration {
+    match step {
+        Step::Run { wake, .. } => *wake - t0,
+        Step::Done(o) => panic!("expected a wait, got Done({o:?})"),
+    }
+}
+
+fn gone(s: &mut Schedule, names: &[&str]) {
+    let present: BTreeSet<String> = s
+        .tracked()
+        .map(|t| t.pod.uid.clone())
+        .filter(|u| !names.contains(&u.as_str()))
+        .collect();
+    s.observe(&present);
+}
+
+#[test]
+fn waves_go_in_order_and_the_next_starts_when_the_first_is_gone() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    for p in [pod("a", 0), pod("b", 0), pod("dns", 2000)] {
+        s.track(&p);
+    }
+    let first = run(&mut s, t0, Duration::ZERO, &closed);
+    assert_eq!(evicted(&first), ["a", "b"], "only the first wave");
+    assert_eq!(
+        wake(&first, t0),
+        Duration::from_secs(7),
+        "its share ends at 7 s"
+    );
+    for p in ["a", "b"] {
+        s.evict_answered(p, &answer(201, Cause::None), vec![], t0 + 10 * MS);
+    }
+    let waiting = run(&mut s, t0, 20 * MS, &closed);
+    assert!(evicted(&waiting).is_empty(), "accepted, not gone yet");
+    gone(&mut s, &["a", "b"]);
+    let second = run(&mut s, t0, 30 * MS, &closed);
+    let Step::Run { commands, .. } = &second else {
+        panic!("{second:?}")
+    };
+    assert_eq!(
+        commands[0],
+        Command::WaveEnded {
+            wave: 0,
+            settled: true
+        }
+    );
+    assert_eq!(evicted(&second), ["dns"]);
+    s.evict_answered("dns", &answer(201, Cause::None), vec![], t0 + 40 * MS);
+    gone(&mut s, &["dns"]);
+    assert_eq!(
+        run(&mut s, t0, 50 * MS, &closed),
+        Step::Done(DrainOutcome::Drained)
+    );
+    let tally = s.finish();
+    assert_eq!(tally.evicted.len(), 3);
+    assert_eq!(tally.eviction_requests, 3);
+}
+
+#[test]
+fn a_wave_that_uses_up_its_share_lets_the_next_one_start() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&pod("stuck", 0));
+    s.track(&pod("dns", 2000));
+    assert_eq!(
+        evicted(&run(&mut s, t0, Duration::ZERO, &closed)),
+        ["stuck"]
+    );
+    let refused_at = t0 + Duration::from_secs(4);
+    s.evict_answered(
+        "stuck",
+        &answer(429, Cause::DisruptionBudget),
+        vec!["ns/web".into()],
+        refused_at,
+    );
+    let before = run(&mut s, t0, Duration::from_millis(6999), &closed);
+    assert!(evicted(&before).is_empty());
+    let at_share = run(&mut s, t0, Duration::from_secs(7), &closed);
+    let Step::Run { commands, .. } = &at_share else {
+        panic!("{at_share:?}")
+    };
+    assert!(commands.contains(&Command::WaveEnded {
+        wave: 0,
+        settled: false
+    }));
+    assert_eq!(
+        evicted(&at_share),
+        ["dns"],
+        "the blocked pod waits for its budget"
+    );
+}
+
+#[test]
+fn each_deadline_policy() {
+    let cases: [(OnDeadline, &str); 3] = [
+        (OnDeadline::Abandon, "done"),
+        (OnDeadline::Wait, "waits"),
+        (OnDeadline::Delete, "deletes"),
+    ];
+    for (policy, expect) in cases {
+        let t0 = Instant::now();
+        let mut s = schedule(policy, 10, t0);
+        s.track(&pod("a", 0));
+        assert_eq!(evicted(&run(&mut s, t0, Duration::ZERO, &closed)), ["a"]);
+        s.evict_answered(
+            "a",
+            &answer(429, Cause::DisruptionBudget),
+            vec!["ns/web".into()],
+            t0,
+        );
+        let first = run(&mut s, t0, MS, &closed);
+        // Without budget events the blocked pod is tried again every 5 s (the ceiling) ...
+        assert_eq!(wake(&first, t0), BUDGET_RETRY_CEILING, "{policy:?}");
+        match expect {
+            "done" => {
+                assert_eq!(
+                    run(&mut s, t0, Duration::from_secs(10), &closed),
+                    Step::Done(DrainOutcome::DeadlineExceeded)
+                );
+                assert_eq!(s.finish().left_behind.len(), 1);
+            }
+            "waits" => {
+                let past = run(&mut s, t0, Duration::from_secs(10), &closed);
+                let Step::Run { commands, wake } = &past else {
+                    panic!("{past:?}")
+                };
+                assert!(commands.contains(&Command::WaitingPastDeadline));
+                assert_eq!(
+                    *wake - t0,
+                    Duration::from_secs(15),
+                    "looks again after RETRY_CAP"
+                );
+                let later = run(&mut s, t0, Duration::from_secs(11), &closed);
+                let Step::Run { commands, .. } = &later else {
+                    panic!("{later:?}")
+                };
+                assert!(
+                    !commands.contains(&Command::WaitingPastDeadline),
+                    "said once"
+                );
+            }
+            _ => {
+                // ... and the fallback starts a tenth of the deadline (at least 1 s) before it.
+                assert_eq!(evicted(&run(&mut s, t0, 5001 * MS, &closed)), ["a"]);
+                let refused = vec!["ns/web".into()];
+                s.evict_answered(
+                    "a",
+                    &answer(429, Cause::DisruptionBudget),
+                    refused,
+                    t0 + 5001 * MS,
+                );
+                let before = run(&mut s, t0, 7001 * MS, &closed);
+                assert_eq!(
+                    wake(&before, t0),
+                    Duration::from_secs(9),
+                    "wakes for the fallback"
+                );
+                let fb = run(&mut s, t0, Duration::from_secs(9), &closed);
+                let Step::Run { commands, .. } = &fb else {
+                    panic!("{fb:?}")
+                };
+                assert!(
+                    commands
+                        .iter()
+                        .any(|c| matches!(c, Command::Delete { pod, grace }
+                        if pod.name == "a" && *grace == Duration::from_secs(1))),
+                    "{commands:?}"
+                );
+                s.delete_answered("a", Deleted::Accepted);
+                gone(&mut s, &["a"]);
+                assert_eq!(
+                    run(&mut s, t0, Duration::from_millis(9500), &closed),
+                    Step::Done(DrainOutcome::Drained)
+                );
+                assert_eq!(s.finish().force_deleted.len(), 1);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_budget_blocked_pod_is_retried_when_its_budget_opens_but_not_sooner_than_the_floor() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&pod("a", 0));
+    run(&mut s, t0, Duration::ZERO, &closed);
+    s.evict_answered(
+        "a",
+        &answer(429, Cause::DisruptionBudget),
+        vec!["ns/web".into()],
+        t0,
+    );
+    type Budget<'a> = &'a dyn Fn(&str) -> bool;
+    let table: [(Duration, Budget, bool, Duration); 4] = [
+        // (at, budget, evicts, wake)
+        (10 * MS, &open, false, BUDGET_RETRY_FLOOR),
+        (10 * MS, &closed, false, BUDGET_RETRY_CEILING),
+        (BUDGET_RETRY_FLOOR, &closed, false, BUDGET_RETRY_CEILING),
+        (BUDGET_RETRY_FLOOR, &open, true, Duration::from_secs(7)),
+    ];
+    for (i, (at, budget, evicts, wakes)) in table.into_iter().enumerate() {
+        let step = run(&mut s, t0, at, budget);
+        assert_eq!(!evicted(&step).is_empty(), evicts, "case {i}: {step:?}");
+        assert_eq!(wake(&step, t0), wakes, "case {i}");
+    }
+    assert_eq!(s.get("a").map(|t| t.attempts), Some(2));
+}
+
+#[test]
+fn server_errors_back_off_doubling_to_the_cap() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&pod("a", 0));
+    let mut now = Duration::ZERO;
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        assert_eq!(evicted(&run(&mut s, t0, now, &closed)), ["a"]);
+        s.evict_answered("a", &answer(503, Cause::None), vec![], t0 + now);
+        let next = wake(&run(&mut s, t0, now, &closed), t0);
+        waits.push((next - now).as_millis());
+        now = next;
+    }
+    assert_eq!(waits, [200, 400, 800, 1600, 3200]);
+    assert_eq!(backoff(6), RETRY_CAP);
+    assert_eq!(backoff(60), RETRY_CAP);
+}
+
+#[test]
+fn concurrency_bounds_the_evictions_in_flight() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 2, t0);
+    for n in ["a", "b", "c", "d", "e"] {
+        s.track(&pod(n, 0));
+    }
+    assert_eq!(
+        evicted(&run(&mut s, t0, Duration::ZERO, &closed)),
+        ["a", "b"]
+    );
+    assert!(
+        evicted(&run(&mut s, t0, MS, &closed)).is_empty(),
+        "both slots busy"
+    );
+    s.evict_answered("a", &answer(201, Cause::None), vec![], t0 + MS);
+    assert_eq!(evicted(&run(&mut s, t0, 2 * MS, &closed)), ["c"]);
+}
+
+#[test]
+fn a_pod_gone_before_its_answer_frees_its_slot_and_counts_its_deletion() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Delete, 1, t0);
+    s.track(&pod("a", 0));
+    s.track(&pod("b", 0));
+    assert_eq!(evicted(&run(&mut s, t0, Duration::ZERO, &closed)), ["a"]);
+    gone(&mut s, &["a"]);
+    s.evict_answered("a", &answer(201, Cause::None), vec![], t0 + MS);
+    assert_eq!(
+        evicted(&run(&mut s, t0, 2 * MS, &closed)),
+        ["b"],
+        "the slot is free"
+    );
+    s.evict_answered(
+        "b",
+        &answer(429, Cause::DisruptionBudget),
+        vec!["ns/web".into()],
+        t0,
+    );
+    let fb = run(&mut s, t0, Duration::from_secs(9), &closed);
+    assert!(
+        matches!(&fb, Step::Run { commands, .. } if commands.iter().any(|c| matches!(c, Command::Delete { .. })))
+    );
+    gone(&mut s, &["a", "b"]);
+    s.delete_answered("b", Deleted::Accepted);
+    assert_eq!(
+        run(&mut s, t0, Duration::from_millis(9100), &closed),
+        Step::Done(DrainOutcome::Drained)
+    );
+    assert_eq!(
+        s.finish().force_deleted.len(),
+        1,
+        "deleted past its budget, and said so"
+    );
+}
+
+#[test]
+fn what_each_answer_leaves_the_pod_in() {
+    let t0 = Instant::now();
+    let cases: [(u16, Cause, usize, &str); 6] = [
+        (201, Cause::None, 1, "leaving"),
+        (404, Cause::None, 1, "leaving"),
+        (403, Cause::NamespaceTerminating, 1, "leaving"),
+        (500, Cause::None, 2, "refused"),
+        (422, Cause::None, 1, "refused"),
+        (403, Cause::None, 1, "forbidden"),
+    ];
+    for (code, cause, budgets, want) in cases {
+        let mut s = schedule(OnDeadline::Abandon, 10, t0);
+        s.track(&pod("a", 0));
+        run(&mut s, t0, Duration::ZERO, &closed);
+        let a = Answer {
+            code,
+            cause,
+            matching_budgets: budgets,
+            message: "m".into(),
+        };
+        let verdict = s.evict_answered("a", &a, vec!["ns/x".into(); budgets], t0);
+        let state = s.get("a").map(|t| t.state.clone());
+        let got = match (verdict, state) {
+            (Verdict::Forbidden, _) => "forbidden",
+            (Verdict::Continue, Some(PodState::Leaving)) => "leaving",
+            (Verdict::Continue, Some(PodState::Refused(_))) => "refused",
+            (v, st) => panic!("{code} {cause:?}: {v:?} {st:?}"),
+        };
+        assert_eq!(got, want, "{code} {cause:?}");
+        if want == "leaving" {
+            assert!(
+                evicted(&run(&mut s, t0, Duration::from_secs(6), &open)).is_empty(),
+                "a pod on its way out is never evicted again"
+            );
+        }
+    }
+}
+
+#[test]
+fn refused_pods_end_the_drain_as_refused_and_say_why() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    let mut unmanaged = pod("lonely", 0);
+    unmanaged.metadata.owner_references = None;
+    s.track(&unmanaged);
+    assert_eq!(s.counts(), (0, 1));
+    assert_eq!(
+        run(&mut s, t0, Duration::ZERO, &closed),
+        Step::Done(DrainOutcome::Refused)
+    );
+    let tally = s.finish();
+    assert_eq!(
+        tally.refused[0].1,
+        Refusal::Plan(RefuseReason::Unmanaged),
+        "a typed reason"
+    );
+    assert!(tally.refused[0].1.to_string().contains("--force"));
+}
+
+#[test]
+fn nothing_to_do_is_drained_at_once_and_a_pod_is_tracked_once() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    assert!(s.is_empty());
+    assert_eq!(
+        run(&mut s, t0, Duration::ZERO, &closed),
+        Step::Done(DrainOutcome::Drained)
+    );
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&pod("a", 0));
+    run(&mut s, t0, Duration::ZERO, &closed);
+    s.track(&pod("a", 0));
+    assert_eq!(
+        s.get("a").map(|t| t.state.clone()),
+        Some(PodState::InFlight),
+        "a later watch event does not reset a tracked pod"
+    );
+}

@@ -1,0 +1,84 @@
+//! Every guarded write nodeward makes to a Node: read it, decide, patch with the read
+//! resourceVersion as a precondition, and on a conflict (someone else wrote the Node in between)
+//! read and decide again — so a concurrent change such as an admin's cordon or another
+//! controller's taint is never overwritten. One field manager for all of them.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use tracing::debug;
+
+use crate::names::FIELD_MANAGER;
+/// Conflicting writes retried this many times (kubelet and controllers write Nodes too).
+pub const ATTEMPTS: usize = 5;
+
+/// Patch parameters carrying nodeward's field manager.
+pub fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    }
+}
+
+/// What a guarded write decided after reading the Node.
+pub enum NodeWrite<T> {
+    /// Nothing to write: the answer is already known.
+    Done(T),
+    /// Apply this JSON merge patch, then answer `T`.
+    Patch(serde_json::Value, T),
+}
+
+/// Why a guarded write failed.
+#[derive(Debug)]
+pub enum WriteError<E> {
+    /// Reading or patching the Node failed.
+    Api {
+        /// `get` or the caller's action.
+        action: &'static str,
+        /// The client's error.
+        source: kube::Error,
+    },
+    /// Every attempt conflicted with another writer.
+    Conflict,
+    /// The decision itself refused.
+    Refused(E),
+}
+
+/// Reads `node` (or starts from `current`, a fresh copy the caller holds), lets `decide` choose,
+/// and applies its merge patch guarded by the read resourceVersion, up to [`ATTEMPTS`] times.
+/// Returns the Node as it now is and the decision's answer.
+pub async fn write_guarded<T, E>(
+    client: &kube::Client,
+    node: &str,
+    action: &'static str,
+    current: Option<Node>,
+    decide: impl Fn(&Node) -> Result<NodeWrite<T>, E>,
+) -> Result<(Node, T), WriteError<E>> {
+    let api: Api<Node> = Api::all(client.clone());
+    let mut current = current;
+    for _ in 0..ATTEMPTS {
+        let n = match current.take() {
+            Some(n) => n,
+            None => api.get(node).await.map_err(|source| WriteError::Api {
+                action: "get",
+                source,
+            })?,
+        };
+        let (mut patch, answer) = match decide(&n).map_err(WriteError::Refused)? {
+            NodeWrite::Done(answer) => return Ok((n, answer)),
+            NodeWrite::Patch(patch, answer) => (patch, answer),
+        };
+        patch["metadata"]["resourceVersion"] = json!(n.metadata.resource_version);
+        match api
+            .patch(node, &patch_params(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(written) => return Ok((written, answer)),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                debug!(node, action, "conflict; re-reading the node");
+            }
+            Err(source) => return Err(WriteError::Api { action, source }),
+        }
+    }
+    Err(WriteError::Conflict)
+}
