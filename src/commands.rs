@@ -204,15 +204,14 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
     // As nodeward-drain.service's ExecStop during a system shutdown: the agent's policy, and
     // nothing the agent already did (see crate::shutdown). The cordon is a shutdown cordon that
     // the agent lifts after the reboot; an operator's drain stays.
-    let shutdown = if args.dry_run {
+    let mut policy = crate::config::ShutdownPolicy::Drain;
+    let unit = if args.dry_run {
         None
     } else {
-        crate::shutdown::system_shutdown().await
+        crate::shutdown::for_this_shutdown(&settings).await
     };
-    let mut policy = crate::config::ShutdownPolicy::Drain;
-    if let Some(kind) = shutdown {
-        let agent = crate::agent::status::read(&settings.agent.status_file).ok();
-        match crate::shutdown::unit_action(agent.as_ref(), kind, &settings.shutdown) {
+    if let Some(action) = unit {
+        let kind = match action {
             crate::shutdown::UnitAction::AgentDone(outcome) => {
                 let outcome = outcome.map_or_else(|| "unknown".into(), |o| o.to_string());
                 tracing::info!(node, %outcome, "the agent already handled this shutdown; nothing to do");
@@ -224,8 +223,9 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
                     return Ok(EXIT_OK);
                 }
                 policy = p;
+                kind
             }
-        }
+        };
         opts.shutdown = true;
         opts.reason = format!("shutdown ({kind:?}; nodeward-drain.service stopped by the system)")
             .to_lowercase();
@@ -335,67 +335,12 @@ fn agent_kubeconfig(settings: &crate::config::Settings) -> Option<std::path::Pat
     }
 }
 
-/// How long `nodeward status` waits for live facts from logind or the API before showing only
-/// the agent's status file.
-const STATUS_LIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
 async fn status(config: Option<&Path>) -> anyhow::Result<u8> {
     let (settings, _) = crate::config::load(config)?;
-    let path = &settings.agent.status_file;
-    let st = crate::agent::status::read(path)?;
+    let st = crate::agent::status::read(&settings.agent.status_file)?;
     print!("{st}");
-    let alive = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(st.pid).unwrap_or(i32::MAX)),
-        None,
-    )
-    .is_ok();
-    if !alive {
-        println!(
-            "agent:         pid {} is not running; the file is stale",
-            st.pid
-        );
-    }
-    println!("live:");
-    let live_logind = async {
-        let l = crate::logind::Logind::connect().await?;
-        let cap = l.inhibit_delay_max().await?;
-        let list = l.list_inhibitors().await?;
-        Ok::<_, crate::logind::Error>((cap, list))
-    };
-    match tokio::time::timeout(STATUS_LIVE_TIMEOUT, live_logind).await {
-        Ok(Ok((cap, list))) => {
-            let ours = crate::logind::own_locks(&list, st.pid).len();
-            println!(
-                "  logind:      InhibitDelayMaxSec {cap:?}; {ours} shutdown delay lock(s) held by the agent"
-            );
-            for k in crate::logind::kubelet_locks(&list) {
-                println!(
-                    "  WARNING:     kubelet holds a delay lock (pid {}); set shutdownGracePeriod: 0s",
-                    k.pid
-                );
-            }
-        }
-        Ok(Err(e)) => println!("  logind:      unreachable: {e}"),
-        Err(_) => println!("  logind:      no answer within {STATUS_LIVE_TIMEOUT:?}"),
-    }
-    let live_node = async {
-        let client = client_for(None, &settings).await?;
-        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
-        Ok::<_, anyhow::Error>(nodes.get(&st.node).await?)
-    };
-    match tokio::time::timeout(STATUS_LIVE_TIMEOUT, live_node).await {
-        Ok(Ok(n)) => println!(
-            "  node:        cordoned by {}; startup taint {}",
-            crate::agent::node::cordon_owner(&n).unwrap_or_else(|| "nobody".into()),
-            if crate::readiness::has_startup_taint(&n) {
-                "present"
-            } else {
-                "absent"
-            }
-        ),
-        Ok(Err(e)) => println!("  node:        unreachable: {}", describe(&e)),
-        Err(_) => println!("  node:        no answer within {STATUS_LIVE_TIMEOUT:?}"),
-    }
+    let client = client_for(None, &settings).await.map_err(|e| describe(&e));
+    print!("{}", crate::agent::status::live(&st, client).await);
     Ok(EXIT_OK)
 }
 

@@ -39,6 +39,14 @@ pub fn unit_action(agent: Option<&Status>, kind: ShutdownKind, s: &ShutdownSetti
     }
 }
 
+/// At a system shutdown, what `nodeward drain` (the unit's ExecStop) does instead of a full
+/// drain; `None` outside a shutdown (an operator's `systemctl stop nodeward-drain`).
+pub async fn for_this_shutdown(settings: &crate::config::Settings) -> Option<UnitAction> {
+    let kind = system_shutdown().await?;
+    let agent = crate::agent::status::read(&settings.agent.status_file).ok();
+    Some(unit_action(agent.as_ref(), kind, &settings.shutdown))
+}
+
 /// The kind of shutdown from `systemctl list-jobs --no-legend --plain` (lines of `JOB UNIT TYPE
 /// STATE`): the target being started tells.
 pub fn kind_from_jobs(jobs: &str) -> ShutdownKind {
@@ -60,7 +68,7 @@ pub fn kind_from_jobs(jobs: &str) -> ShutdownKind {
 /// Whether systemd is shutting the machine down, and if so which kind of shutdown: `None` when
 /// `systemctl is-system-running` does not say "stopping" (an operator's `systemctl stop`, or no
 /// systemd at all).
-pub async fn system_shutdown() -> Option<ShutdownKind> {
+async fn system_shutdown() -> Option<ShutdownKind> {
     if systemctl(&["is-system-running"]).await?.trim() != "stopping" {
         return None;
     }

@@ -681,3 +681,34 @@ async fn the_drain_unit_does_nothing_after_the_agents_drain() {
     assert!(!cordoned(&emu), "{out}");
     assert!(event_reasons(&emu).is_empty(), "{:?}", event_reasons(&emu));
 }
+
+/// An API server that accepts connections and never answers (stopped, or a black hole on the
+/// way): the drain still ends by its deadline, saying what it could not do, instead of waiting
+/// minutes for the client's read timeout while a shutdown waits for it.
+#[tokio::test]
+async fn an_api_server_that_never_answers_ends_the_drain_by_its_deadline() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            open.push(conn);
+        }
+    });
+    let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
+    let client = kube::Client::try_from(config).expect("client");
+    let opts = options(Duration::from_secs(1));
+    let drain = drain::drain(&client, NODE, &opts);
+    let result = tokio::time::timeout(Duration::from_secs(20), drain)
+        .await
+        .expect("the drain returned instead of hanging");
+    let err = result.expect_err("nothing was drained");
+    assert!(
+        matches!(err, drain::exec::Error::NoAnswer { action: "get", .. }),
+        "{err}"
+    );
+    assert!(err.is_retryable());
+    held.abort();
+}

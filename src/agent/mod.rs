@@ -23,7 +23,9 @@
 //! What to do is decided by the pure [`state`] machine and [`crate::gate::evaluate`]; this file
 //! only gathers facts and acts.
 
+mod lock;
 pub mod node;
+mod shutdown;
 pub mod state;
 pub mod status;
 
@@ -150,24 +152,34 @@ enum KubeconfigState {
     Unloadable(String),
 }
 
-/// Logs a repeating condition once per change instead of once per retry.
+/// Logs a repeating condition once per distinct error instead of once per retry. Two watches
+/// failing against one flaky connection alternate between errors ("SendRequest", "Canceled"):
+/// remembering only the last one would log every retry again.
 #[derive(Debug, Default)]
 struct Quiet {
-    last: Option<String>,
+    seen: Vec<String>,
 }
 
+/// Distinct errors remembered until the next success; past this, the oldest is forgotten.
+const QUIET_MEMORY: usize = 8;
+
 impl Quiet {
-    /// True when `text` differs from what was logged last (and remembers it).
+    /// True when `text` was not logged since the last success (and remembers it).
     fn changed(&mut self, text: &str) -> bool {
-        if self.last.as_deref() == Some(text) {
+        if self.seen.iter().any(|s| s == text) {
             return false;
         }
-        self.last = Some(text.to_string());
+        if self.seen.len() == QUIET_MEMORY {
+            self.seen.remove(0);
+        }
+        self.seen.push(text.to_string());
         true
     }
     /// Forgets the condition; true when there was one.
     fn clear(&mut self) -> bool {
-        self.last.take().is_some()
+        let had = !self.seen.is_empty();
+        self.seen.clear();
+        had
     }
 }
 
@@ -529,7 +541,7 @@ impl Agent {
     /// A watch failed: remembered for STATUS, logged when it differs from the last failure.
     fn api_failed(&mut self, what: &str, error: &str) {
         if self.api_log.changed(error) {
-            warn!(node = %self.node, error = %error, "{what} failed; retrying with backoff (logged again only when the error changes)");
+            warn!(node = %self.node, error = %error, "{what} failed; retrying with backoff (each distinct error logged once until the API answers)");
         }
         self.api_error = Some(error.to_string());
     }
@@ -545,7 +557,7 @@ impl Agent {
     /// A write to the Node failed: retry later, with backoff, logging only a changed error.
     fn write_failed(&mut self, what: &str, error: &str) {
         if self.write_log.changed(error) {
-            warn!(node = %self.node, error = %error, retry_in = ?self.reconcile_backoff, "{what}; retrying with backoff (logged again only when the error changes)");
+            warn!(node = %self.node, error = %error, retry_in = ?self.reconcile_backoff, "{what}; retrying with backoff (each distinct error logged once until the API answers)");
         }
         self.reconcile_retry_at = Some(Instant::now() + self.reconcile_backoff);
         self.reconcile_backoff = (self.reconcile_backoff * 2).min(RECONCILE_RETRY_MAX);
@@ -591,307 +603,6 @@ impl Agent {
                 false
             }
         }
-    }
-
-    fn lock_to(&mut self, ev: LockEvent) {
-        match self.lock.on(ev) {
-            Ok(l) => self.lock = l,
-            Err(r) => warn!(refused = %r, "lock transition refused"),
-        }
-    }
-
-    async fn connect_logind(&mut self) -> Option<BoxStream<'static, LogindEvent>> {
-        let conn = match Logind::connect().await {
-            Ok(c) => c,
-            Err(e) => {
-                warn!(error = %e, retry_in = ?self.logind_backoff, "cannot reach the system bus");
-                self.schedule_logind_retry();
-                return None;
-            }
-        };
-        // Subscribe before taking the lock, so a shutdown announced in between is seen.
-        let events = match conn.events().await {
-            Ok(ev) => ev,
-            Err(e) => {
-                warn!(error = %e, "cannot subscribe to logind's signals");
-                self.schedule_logind_retry();
-                return None;
-            }
-        };
-        self.logind = Some(conn);
-        self.logind_backoff = LOGIND_RETRY_MIN;
-        if self.wants_lock() {
-            self.take_lock().await;
-        }
-        Some(events)
-    }
-
-    fn schedule_logind_retry(&mut self) {
-        self.logind_retry_at = Some(Instant::now() + self.logind_backoff);
-        self.logind_backoff = (self.logind_backoff * 2).min(LOGIND_RETRY_MAX);
-    }
-
-    /// Takes a new lock; an already held one is closed only after the new one is in hand, so
-    /// there is never a moment without a lock and never two left behind (logind keeps locks
-    /// across its own restart).
-    async fn take_lock(&mut self) {
-        let Some(l) = self.logind.clone() else {
-            return;
-        };
-        match l.take_lock().await {
-            Ok(fd) => {
-                let ev = if self.lock == Lock::Held {
-                    LockEvent::Replaced
-                } else {
-                    LockEvent::Taken
-                };
-                drop(self.lock_fd.replace(fd));
-                self.lock_to(ev);
-                self.lock_takes += 1;
-                self.logind_backoff = LOGIND_RETRY_MIN;
-                info!(who = logind::WHO, event = ?ev, "shutdown delay lock held");
-                self.check_logind(&l).await;
-            }
-            Err(e) if e.is_logind_absent() => {
-                warn!(error = %e, "logind is not on the bus; waiting for it to appear");
-            }
-            Err(e) if e.is_operation_in_progress() => {
-                // logind refuses new delay locks while a shutdown job is pending; it may still
-                // be cancelled, so keep trying.
-                warn!(error = %e, retry_in = ?self.logind_backoff, "a shutdown is in progress; logind refuses new locks until it is cancelled");
-                self.schedule_logind_retry();
-            }
-            Err(e) => {
-                warn!(error = %e, retry_in = ?self.logind_backoff, "cannot take the shutdown delay lock");
-                self.schedule_logind_retry();
-            }
-        }
-    }
-
-    /// Reads logind's cap (raising it once if too short) and warns about kubelet's locks.
-    async fn check_logind(&mut self, l: &Logind) {
-        let s = &self.settings;
-        let (timeout, margin) = (s.drain.timeout, s.shutdown.safety_margin);
-        let mut warnings = Vec::new();
-        match l.inhibit_delay_max().await {
-            Ok(cap) => {
-                self.cap = Some(cap);
-                if logind::cap_too_short(cap, timeout, margin) && !self.cap_fix_tried {
-                    self.cap_fix_tried = true;
-                    self.cap = Some(self.raise_cap(l, cap).await);
-                }
-            }
-            Err(e) => warn!(error = %e, "cannot read logind's InhibitDelayMaxUSec"),
-        }
-        if let Some(cap) = self.cap
-            && logind::cap_too_short(cap, timeout, margin)
-        {
-            let w = format!(
-                "logind's InhibitDelayMaxSec is {cap:?}, below drain.timeout {timeout:?} + shutdown.safety_margin {margin:?}: shutdown drains get only {:?}",
-                logind::drain_deadline(cap, margin, timeout)
-            );
-            error!(cap = ?cap, "{w}");
-            warnings.push(w);
-        }
-        match l.list_inhibitors().await {
-            Ok(list) => {
-                for k in logind::kubelet_locks(&list) {
-                    let w = format!(
-                        "kubelet holds a shutdown delay lock (who {:?}, pid {}): its graceful node shutdown kills pods without the Eviction API and races with nodeward's drain; set shutdownGracePeriod: 0s in the kubelet config",
-                        k.who, k.pid
-                    );
-                    warn!(pid = k.pid, "{w}");
-                    warnings.push(w);
-                }
-            }
-            Err(e) => warn!(error = %e, "cannot list logind's inhibitors"),
-        }
-        self.warnings = warnings;
-    }
-
-    /// Writes the drop-in, SIGHUPs logind and re-reads the cap; returns the cap seen last.
-    async fn raise_cap(&self, l: &Logind, cap: Duration) -> Duration {
-        let s = &self.settings.shutdown;
-        let want = logind::wanted_cap(s, self.settings.drain.timeout);
-        let path = &s.logind_dropin;
-        warn!(cap = ?cap, want = ?want, dropin = %path.display(), "logind's InhibitDelayMaxSec is too short for the drain; raising it");
-        if let Some(dir) = path.parent()
-            && !dir.exists()
-        {
-            // Like /etc/systemd itself: logind.conf.d holds no secrets, and 0755 is what every
-            // tool expects (the unit's UMask=0077 would make it 0700).
-            use std::os::unix::fs::DirBuilderExt;
-            let _ = std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(dir);
-            let _ =
-                std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755));
-        }
-        if let Err(e) =
-            crate::fsutil::write_private_atomic(path, logind::dropin_text(want).as_bytes())
-        {
-            error!(error = %e, "cannot write the logind drop-in");
-            return cap;
-        }
-        // logind reads its config as root; 0644 like every other file in logind.conf.d.
-        let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o644));
-        let pid = match l.logind_pid().await {
-            Ok(p) => p,
-            Err(e) => {
-                error!(error = %e, "cannot find logind's pid to make it reload");
-                return cap;
-            }
-        };
-        let Ok(pid_i) = i32::try_from(pid) else {
-            return cap;
-        };
-        // SIGHUP makes logind reload but kills most other programs: signal only a process that
-        // is logind, whatever owns its bus name.
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if comm.trim() != LOGIND_COMM {
-            error!(pid, comm = %comm.trim(), "the owner of org.freedesktop.login1 is not systemd-logind; not sending SIGHUP");
-            return cap;
-        }
-        if let Err(e) = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid_i),
-            nix::sys::signal::Signal::SIGHUP,
-        ) {
-            error!(pid, error = %e, "cannot send SIGHUP to logind");
-            return cap;
-        }
-        let mut seen = cap;
-        for _ in 0..CAP_REREAD_ATTEMPTS {
-            tokio::time::sleep(CAP_REREAD_INTERVAL).await;
-            if let Ok(c) = l.inhibit_delay_max().await {
-                seen = c;
-                if c >= want {
-                    info!(cap = ?c, "logind's InhibitDelayMaxSec raised");
-                    break;
-                }
-            }
-        }
-        seen
-    }
-
-    async fn on_logind(&mut self, ev: LogindEvent) -> Option<DrainFuture> {
-        match ev {
-            LogindEvent::LogindVanished => {
-                warn!(
-                    "logind left the bus; its locks survive a restart, re-taking ours when it is back"
-                );
-                None
-            }
-            LogindEvent::LogindAppeared => {
-                info!("logind is on the bus");
-                if self.wants_lock() {
-                    self.take_lock().await;
-                }
-                None
-            }
-            LogindEvent::PrepareForShutdown { start: true, kind } => {
-                if !self.wants_lock() {
-                    // The second of the two signals systemd 255+ sends for one shutdown.
-                    return None;
-                }
-                let kind = match (kind, &self.logind) {
-                    (Some(k), _) => k,
-                    (None, Some(l)) => l.preparing_kind().await,
-                    (None, None) => ShutdownKind::Unknown,
-                };
-                self.start_shutdown(kind)
-            }
-            LogindEvent::PrepareForShutdown { start: false, .. } => {
-                if self.wants_lock() {
-                    return None;
-                }
-                info!(node = %self.node, "shutdown cancelled; taking the lock again");
-                self.phase_to(PhaseEvent::ShutdownCancelled);
-                self.shutdown_started = None;
-                if self.lock != Lock::Held {
-                    self.take_lock().await;
-                }
-                self.reconcile().await;
-                None
-            }
-        }
-    }
-
-    fn start_shutdown(&mut self, kind: ShutdownKind) -> Option<DrainFuture> {
-        let s = self.settings.clone();
-        let policy = logind::policy_for(kind, &s.shutdown);
-        let cap = self.cap.unwrap_or(s.drain.timeout);
-        let deadline = logind::drain_deadline(cap, s.shutdown.safety_margin, s.drain.timeout);
-        info!(node = %self.node, ?kind, ?policy, ?deadline, "shutdown announced");
-        if !self.phase_to(PhaseEvent::ShutdownStarted) {
-            return None;
-        }
-        self.own_cordon = policy != ShutdownPolicy::Nothing;
-        let now = Instant::now();
-        self.shutdown_started = Some((now, jiff::Timestamp::now(), kind, policy, deadline));
-        let reason = format!("shutdown ({kind:?})").to_lowercase();
-        let Some(client) = self.client.clone() else {
-            return Some(Box::pin(
-                async move { outcome(ShutdownOutcome::NoKubeconfig) },
-            ));
-        };
-        let node = self.node.clone();
-        let exclude_lb = s.drain.exclude_from_load_balancers;
-        let mut opts = crate::drain::DrainOptions::from_settings(&s.drain, reason.clone());
-        opts.shutdown = true;
-        let until = now + deadline;
-        Some(match policy {
-            ShutdownPolicy::Nothing => {
-                Box::pin(async move { outcome(ShutdownOutcome::NothingToDo) })
-            }
-            ShutdownPolicy::Cordon => Box::pin(async move {
-                retry_until(&node, until, "cordon", |_| {
-                    crate::drain::cordon_for_shutdown(&client, &node, &reason, exclude_lb)
-                })
-                .await
-                .map_or_else(outcome, |_| outcome(ShutdownOutcome::Cordoned))
-            }),
-            ShutdownPolicy::Drain => Box::pin(async move {
-                retry_until(&node, until, "drain", |left| {
-                    let mut o = opts.clone();
-                    o.timeout = if left > DRAIN_REPORT_SLACK * 2 {
-                        left - DRAIN_REPORT_SLACK
-                    } else {
-                        left
-                    };
-                    let client = client.clone();
-                    let node = node.clone();
-                    async move { crate::drain::drain(&client, &node, &o).await }
-                })
-                .await
-                .map_or_else(outcome, |r| report_summary(&r))
-            }),
-        })
-    }
-
-    fn drain_ended(&mut self, mut summary: DrainSummary) {
-        // Closing the fd is what lets logind go on.
-        drop(self.lock_fd.take());
-        if self.lock == Lock::Held {
-            self.lock_to(LockEvent::ReleasedForShutdown);
-        }
-        if let Some((t0, at, kind, policy, deadline)) = self.shutdown_started.take() {
-            summary.started_at = at.to_string();
-            summary.kind = kind;
-            summary.policy = policy;
-            summary.deadline_ms = millis(deadline);
-            summary.elapsed_ms = millis(t0.elapsed());
-        }
-        info!(
-            node = %self.node,
-            outcome = %summary.outcome,
-            evicted = summary.evicted,
-            left_behind = summary.left_behind.len(),
-            elapsed_ms = summary.elapsed_ms,
-            "shutdown drain ended; lock released"
-        );
-        self.phase_to(PhaseEvent::DrainEnded);
-        self.last_drain = Some(summary);
     }
 
     fn view(&self) -> View {
@@ -1130,67 +841,6 @@ impl Agent {
                 warn!(error = %e, "cannot write the status file");
             }
             self.last_written = Some(status);
-        }
-    }
-}
-
-fn outcome(outcome: ShutdownOutcome) -> DrainSummary {
-    DrainSummary {
-        started_at: String::new(),
-        kind: ShutdownKind::Unknown,
-        policy: ShutdownPolicy::Drain,
-        deadline_ms: 0,
-        outcome,
-        evicted: 0,
-        left_behind: Vec::new(),
-        refused: Vec::new(),
-        elapsed_ms: 0,
-    }
-}
-
-fn report_summary(r: &crate::drain::DrainReport) -> DrainSummary {
-    DrainSummary {
-        evicted: r.evicted.len(),
-        left_behind: r.left_behind.iter().map(ToString::to_string).collect(),
-        refused: r.refused.iter().map(|(p, _)| p.to_string()).collect(),
-        ..outcome(r.outcome.into())
-    }
-}
-
-/// Runs `attempt` (given the time left) until it succeeds or `until`, retrying only errors that
-/// trying again can fix ([`crate::drain::exec::Error::is_retryable`]) every [`DRAIN_RETRY`]. A
-/// node that does not exist is [`ShutdownOutcome::NotRegistered`], not a failure.
-async fn retry_until<T, F, Fut>(
-    node: &str,
-    until: Instant,
-    what: &str,
-    mut attempt: F,
-) -> Result<T, ShutdownOutcome>
-where
-    F: FnMut(Duration) -> Fut,
-    Fut: std::future::Future<Output = crate::drain::exec::Result<T>>,
-{
-    let mut last_error = None;
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, attempt(left)).await {
-            Ok(Ok(t)) => return Ok(t),
-            Ok(Err(crate::drain::exec::Error::NodeNotFound { .. })) => {
-                return Err(ShutdownOutcome::NotRegistered);
-            }
-            Ok(Err(e)) if e.is_retryable() && Instant::now() + DRAIN_RETRY < until => {
-                warn!(node, error = %e, "{what} failed; retrying until the deadline");
-                last_error = Some(e.to_string());
-                tokio::time::sleep(DRAIN_RETRY).await;
-            }
-            Ok(Err(e)) if e.is_retryable() => {
-                return Err(ShutdownOutcome::DeadlineExceeded(Some(e.to_string())));
-            }
-            Ok(Err(e)) => {
-                warn!(node, error = %e, "{what} failed; trying again would not help");
-                return Err(ShutdownOutcome::Failed(e.to_string()));
-            }
-            Err(_) => return Err(ShutdownOutcome::DeadlineExceeded(last_error)),
         }
     }
 }

@@ -159,6 +159,69 @@ pub fn write(path: &Path, status: &Status) -> Result<(), Error> {
     Ok(())
 }
 
+/// How long each live check of `nodeward status` may take.
+const LIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What `nodeward status` adds to the file: whether the agent still runs, and what logind and
+/// the API server say now (each within [`LIVE_TIMEOUT`]; `client` is the error text when no
+/// client could be built).
+pub async fn live(st: &Status, client: Result<kube::Client, String>) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(st.pid).unwrap_or(i32::MAX));
+    if nix::sys::signal::kill(pid, None).is_err() {
+        let _ = writeln!(
+            out,
+            "agent:         pid {} is not running; the file is stale",
+            st.pid
+        );
+    }
+    out.push_str("live:\n");
+    let logind = async {
+        let l = crate::logind::Logind::connect().await?;
+        let cap = l.inhibit_delay_max().await?;
+        let list = l.list_inhibitors().await?;
+        Ok::<_, crate::logind::Error>((cap, list))
+    };
+    let _ = match tokio::time::timeout(LIVE_TIMEOUT, logind).await {
+        Ok(Ok((cap, list))) => {
+            let ours = crate::logind::own_locks(&list, st.pid).len();
+            let mut line = format!(
+                "  logind:      InhibitDelayMaxSec {cap:?}; {ours} shutdown delay lock(s) held by the agent\n"
+            );
+            for k in crate::logind::kubelet_locks(&list) {
+                let _ = writeln!(
+                    line,
+                    "  WARNING:     kubelet holds a delay lock (pid {}); set shutdownGracePeriod: 0s",
+                    k.pid
+                );
+            }
+            write!(out, "{line}")
+        }
+        Ok(Err(e)) => writeln!(out, "  logind:      unreachable: {e}"),
+        Err(_) => writeln!(out, "  logind:      no answer within {LIVE_TIMEOUT:?}"),
+    };
+    let node = async {
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client?);
+        nodes.get(&st.node).await.map_err(|e| e.to_string())
+    };
+    let _ = match tokio::time::timeout(LIVE_TIMEOUT, node).await {
+        Ok(Ok(n)) => writeln!(
+            out,
+            "  node:        cordoned by {}; startup taint {}",
+            super::node::cordon_owner(&n).unwrap_or_else(|| "nobody".into()),
+            if crate::readiness::has_startup_taint(&n) {
+                "present"
+            } else {
+                "absent"
+            }
+        ),
+        Ok(Err(e)) => writeln!(out, "  node:        unreachable: {e}"),
+        Err(_) => writeln!(out, "  node:        no answer within {LIVE_TIMEOUT:?}"),
+    };
+    out
+}
+
 /// Reads the status file.
 pub fn read(path: &Path) -> Result<Status, Error> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Read {

@@ -80,6 +80,20 @@ pub enum Error {
         /// The last watch error.
         last_error: String,
     },
+    /// The API server did not answer before the deadline (a stopped or unreachable server
+    /// accepts the connection and never replies; without this the drain would wait for the
+    /// client's read timeout, minutes past its deadline).
+    #[error(
+        "cannot {action} node {node}: no answer from the API server within the drain deadline ({waited:?}); the node may not be cordoned"
+    )]
+    NoAnswer {
+        /// The node.
+        node: String,
+        /// What was being done.
+        action: &'static str,
+        /// The deadline.
+        waited: Duration,
+    },
     /// Another writer kept changing the Node.
     #[error("node {node} kept changing under us ({attempts} conflicting writes); try again")]
     Conflict {
@@ -107,7 +121,7 @@ impl Error {
                 kube::Error::Api(s) => matches!(s.code, 409 | 429 | 500..=599),
                 _ => true,
             },
-            Self::PodsNotListed { .. } | Self::Conflict { .. } => true,
+            Self::PodsNotListed { .. } | Self::Conflict { .. } | Self::NoAnswer { .. } => true,
             Self::NodeNotFound { .. } | Self::Forbidden { .. } | Self::CordonedByOther { .. } => {
                 false
             }
@@ -435,22 +449,47 @@ impl<'a> Drain<'a> {
         }
     }
 
+    /// `request`, bounded by the drain's deadline (unless `on_deadline = wait`).
+    async fn by_deadline<T>(
+        &self,
+        deadline: Instant,
+        action: &'static str,
+        request: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        if self.opts.on_deadline == OnDeadline::Wait {
+            return request.await;
+        }
+        tokio::time::timeout_at(deadline, request)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::NoAnswer {
+                    node: self.node.to_string(),
+                    action,
+                    waited: self.opts.timeout,
+                })
+            })
+    }
+
     async fn run(mut self) -> Result<DrainReport> {
         let started = Instant::now();
+        let deadline = started + self.opts.timeout;
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let node_obj = nodes
-            .get(self.node)
-            .await
-            .map_err(api_err(self.node, "get"))?;
+        let get = async {
+            nodes
+                .get(self.node)
+                .await
+                .map_err(api_err(self.node, "get"))
+        };
+        let node_obj = self.by_deadline(deadline, "get", get).await?;
         self.node_ref = Some(node_obj.object_ref(&()));
-        let cordoned = cordon_recorded(
+        let cordon = cordon_recorded(
             self.client,
             self.node,
             &self.opts.reason,
             self.opts.exclude_from_load_balancers,
             self.opts.shutdown,
-        )
-        .await?;
+        );
+        let cordoned = self.by_deadline(deadline, "cordon", cordon).await?;
         if cordoned == CordonOutcome::Cordoned {
             self.event(
                 EventType::Normal,
@@ -491,7 +530,7 @@ impl<'a> Drain<'a> {
                     Ok(ev) => budgets.apply(&ev),
                     Err(e) => check_watch_error(self.node, &e, "list and watch poddisruptionbudgets")?,
                 },
-                _ = tokio::time::sleep_until(started + self.opts.timeout) => {
+                _ = tokio::time::sleep_until(deadline) => {
                     return Err(Error::PodsNotListed {
                         node: self.node.to_string(),
                         waited: self.opts.timeout,
@@ -538,7 +577,6 @@ impl<'a> Drain<'a> {
         let mut progress_dirty = true;
         let outcome = loop {
             let now = Instant::now();
-            schedule.observe(&uids(&pods));
             let (commands, wake) = match schedule.step(now, &|key| budget_open(&budgets, key)) {
                 Step::Done(outcome) => break outcome,
                 Step::Run { commands, wake } => (commands, wake),
@@ -564,10 +602,16 @@ impl<'a> Drain<'a> {
                 Some(ev) = pod_events.next() => {
                     match ev {
                         Ok(ev) => {
-                            if let watcher::Event::Apply(p) = &ev {
-                                schedule.track(p);
-                            }
                             pods.apply(&ev);
+                            match &ev {
+                                watcher::Event::Apply(p) => schedule.track(p),
+                                watcher::Event::Delete(p) => {
+                                    schedule.gone(p.metadata.uid.as_deref().unwrap_or_default());
+                                }
+                                // A relist replaced the set: whatever it lacks is gone.
+                                watcher::Event::InitDone => schedule.observe(&uids(&pods)),
+                                watcher::Event::Init | watcher::Event::InitApply(_) => {}
+                            }
                         }
                         Err(e) => check_watch_error(self.node, &e, "list and watch pods")?,
                     }

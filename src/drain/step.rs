@@ -275,7 +275,16 @@ impl Schedule {
         );
     }
 
-    /// Marks every pod not in `present` (UIDs on the node, from a synced pod list) as gone.
+    /// The pod `uid` left the node (a watch's delete event).
+    pub fn gone(&mut self, uid: &str) {
+        if let Some(t) = self.pods.get_mut(uid)
+            && !t.settled()
+        {
+            t.state = PodState::Gone;
+        }
+    }
+
+    /// After a relist: marks every pod not in `present` (UIDs on the node, from a synced pod list) as gone.
     pub fn observe(&mut self, present: &BTreeSet<String>) {
         for (uid, t) in &mut self.pods {
             if !t.settled() && !present.contains(uid) {

@@ -1,0 +1,188 @@
+//! The agent's side of logind: connecting to it, taking (and re-taking) the shutdown delay lock,
+//! and making sure logind's cap leaves the drain its time. The lock's life is decided by the pure
+//! [`super::state::Lock`] machine; this file performs it.
+
+use super::*;
+
+impl Agent {
+    pub(super) fn lock_to(&mut self, ev: LockEvent) {
+        match self.lock.on(ev) {
+            Ok(l) => self.lock = l,
+            Err(r) => warn!(refused = %r, "lock transition refused"),
+        }
+    }
+
+    pub(super) async fn connect_logind(&mut self) -> Option<BoxStream<'static, LogindEvent>> {
+        let conn = match Logind::connect().await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, retry_in = ?self.logind_backoff, "cannot reach the system bus");
+                self.schedule_logind_retry();
+                return None;
+            }
+        };
+        // Subscribe before taking the lock, so a shutdown announced in between is seen.
+        let events = match conn.events().await {
+            Ok(ev) => ev,
+            Err(e) => {
+                warn!(error = %e, "cannot subscribe to logind's signals");
+                self.schedule_logind_retry();
+                return None;
+            }
+        };
+        self.logind = Some(conn);
+        self.logind_backoff = LOGIND_RETRY_MIN;
+        if self.wants_lock() {
+            self.take_lock().await;
+        }
+        Some(events)
+    }
+
+    pub(super) fn schedule_logind_retry(&mut self) {
+        self.logind_retry_at = Some(Instant::now() + self.logind_backoff);
+        self.logind_backoff = (self.logind_backoff * 2).min(LOGIND_RETRY_MAX);
+    }
+
+    /// Takes a new lock; an already held one is closed only after the new one is in hand, so
+    /// there is never a moment without a lock and never two left behind (logind keeps locks
+    /// across its own restart).
+    pub(super) async fn take_lock(&mut self) {
+        let Some(l) = self.logind.clone() else {
+            return;
+        };
+        match l.take_lock().await {
+            Ok(fd) => {
+                let ev = if self.lock == Lock::Held {
+                    LockEvent::Replaced
+                } else {
+                    LockEvent::Taken
+                };
+                drop(self.lock_fd.replace(fd));
+                self.lock_to(ev);
+                self.lock_takes += 1;
+                self.logind_backoff = LOGIND_RETRY_MIN;
+                info!(who = logind::WHO, event = ?ev, "shutdown delay lock held");
+                self.check_logind(&l).await;
+            }
+            Err(e) if e.is_logind_absent() => {
+                warn!(error = %e, "logind is not on the bus; waiting for it to appear");
+            }
+            Err(e) if e.is_operation_in_progress() => {
+                // logind refuses new delay locks while a shutdown job is pending; it may still
+                // be cancelled, so keep trying.
+                warn!(error = %e, retry_in = ?self.logind_backoff, "a shutdown is in progress; logind refuses new locks until it is cancelled");
+                self.schedule_logind_retry();
+            }
+            Err(e) => {
+                warn!(error = %e, retry_in = ?self.logind_backoff, "cannot take the shutdown delay lock");
+                self.schedule_logind_retry();
+            }
+        }
+    }
+
+    /// Reads logind's cap (raising it once if too short) and warns about kubelet's locks.
+    pub(super) async fn check_logind(&mut self, l: &Logind) {
+        let s = &self.settings;
+        let (timeout, margin) = (s.drain.timeout, s.shutdown.safety_margin);
+        let mut warnings = Vec::new();
+        match l.inhibit_delay_max().await {
+            Ok(cap) => {
+                self.cap = Some(cap);
+                if logind::cap_too_short(cap, timeout, margin) && !self.cap_fix_tried {
+                    self.cap_fix_tried = true;
+                    self.cap = Some(self.raise_cap(l, cap).await);
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot read logind's InhibitDelayMaxUSec"),
+        }
+        if let Some(cap) = self.cap
+            && logind::cap_too_short(cap, timeout, margin)
+        {
+            let w = format!(
+                "logind's InhibitDelayMaxSec is {cap:?}, below drain.timeout {timeout:?} + shutdown.safety_margin {margin:?}: shutdown drains get only {:?}",
+                logind::drain_deadline(cap, margin, timeout)
+            );
+            error!(cap = ?cap, "{w}");
+            warnings.push(w);
+        }
+        match l.list_inhibitors().await {
+            Ok(list) => {
+                for k in logind::kubelet_locks(&list) {
+                    let w = format!(
+                        "kubelet holds a shutdown delay lock (who {:?}, pid {}): its graceful node shutdown kills pods without the Eviction API and races with nodeward's drain; set shutdownGracePeriod: 0s in the kubelet config",
+                        k.who, k.pid
+                    );
+                    warn!(pid = k.pid, "{w}");
+                    warnings.push(w);
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot list logind's inhibitors"),
+        }
+        self.warnings = warnings;
+    }
+
+    /// Writes the drop-in, SIGHUPs logind and re-reads the cap; returns the cap seen last.
+    pub(super) async fn raise_cap(&self, l: &Logind, cap: Duration) -> Duration {
+        let s = &self.settings.shutdown;
+        let want = logind::wanted_cap(s, self.settings.drain.timeout);
+        let path = &s.logind_dropin;
+        warn!(cap = ?cap, want = ?want, dropin = %path.display(), "logind's InhibitDelayMaxSec is too short for the drain; raising it");
+        if let Some(dir) = path.parent()
+            && !dir.exists()
+        {
+            // Like /etc/systemd itself: logind.conf.d holds no secrets, and 0755 is what every
+            // tool expects (the unit's UMask=0077 would make it 0700).
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir);
+            let _ =
+                std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755));
+        }
+        if let Err(e) =
+            crate::fsutil::write_private_atomic(path, logind::dropin_text(want).as_bytes())
+        {
+            error!(error = %e, "cannot write the logind drop-in");
+            return cap;
+        }
+        // logind reads its config as root; 0644 like every other file in logind.conf.d.
+        let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+        let pid = match l.logind_pid().await {
+            Ok(p) => p,
+            Err(e) => {
+                error!(error = %e, "cannot find logind's pid to make it reload");
+                return cap;
+            }
+        };
+        let Ok(pid_i) = i32::try_from(pid) else {
+            return cap;
+        };
+        // SIGHUP makes logind reload but kills most other programs: signal only a process that
+        // is logind, whatever owns its bus name.
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != LOGIND_COMM {
+            error!(pid, comm = %comm.trim(), "the owner of org.freedesktop.login1 is not systemd-logind; not sending SIGHUP");
+            return cap;
+        }
+        if let Err(e) = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid_i),
+            nix::sys::signal::Signal::SIGHUP,
+        ) {
+            error!(pid, error = %e, "cannot send SIGHUP to logind");
+            return cap;
+        }
+        let mut seen = cap;
+        for _ in 0..CAP_REREAD_ATTEMPTS {
+            tokio::time::sleep(CAP_REREAD_INTERVAL).await;
+            if let Ok(c) = l.inhibit_delay_max().await {
+                seen = c;
+                if c >= want {
+                    info!(cap = ?c, "logind's InhibitDelayMaxSec raised");
+                    break;
+                }
+            }
+        }
+        seen
+    }
+}

@@ -1,0 +1,187 @@
+//! The agent at a shutdown: applying the `[shutdown]` policy when logind announces one,
+//! retrying only what trying again can fix, and releasing the lock when done.
+
+use super::*;
+
+impl Agent {
+    pub(super) async fn on_logind(&mut self, ev: LogindEvent) -> Option<DrainFuture> {
+        match ev {
+            LogindEvent::LogindVanished => {
+                warn!(
+                    "logind left the bus; its locks survive a restart, re-taking ours when it is back"
+                );
+                None
+            }
+            LogindEvent::LogindAppeared => {
+                info!("logind is on the bus");
+                if self.wants_lock() {
+                    self.take_lock().await;
+                }
+                None
+            }
+            LogindEvent::PrepareForShutdown { start: true, kind } => {
+                if !self.wants_lock() {
+                    // The second of the two signals systemd 255+ sends for one shutdown.
+                    return None;
+                }
+                let kind = match (kind, &self.logind) {
+                    (Some(k), _) => k,
+                    (None, Some(l)) => l.preparing_kind().await,
+                    (None, None) => ShutdownKind::Unknown,
+                };
+                self.start_shutdown(kind)
+            }
+            LogindEvent::PrepareForShutdown { start: false, .. } => {
+                if self.wants_lock() {
+                    return None;
+                }
+                info!(node = %self.node, "shutdown cancelled; taking the lock again");
+                self.phase_to(PhaseEvent::ShutdownCancelled);
+                self.shutdown_started = None;
+                if self.lock != Lock::Held {
+                    self.take_lock().await;
+                }
+                self.reconcile().await;
+                None
+            }
+        }
+    }
+
+    pub(super) fn start_shutdown(&mut self, kind: ShutdownKind) -> Option<DrainFuture> {
+        let s = self.settings.clone();
+        let policy = logind::policy_for(kind, &s.shutdown);
+        let cap = self.cap.unwrap_or(s.drain.timeout);
+        let deadline = logind::drain_deadline(cap, s.shutdown.safety_margin, s.drain.timeout);
+        info!(node = %self.node, ?kind, ?policy, ?deadline, "shutdown announced");
+        if !self.phase_to(PhaseEvent::ShutdownStarted) {
+            return None;
+        }
+        self.own_cordon = policy != ShutdownPolicy::Nothing;
+        let now = Instant::now();
+        self.shutdown_started = Some((now, jiff::Timestamp::now(), kind, policy, deadline));
+        let reason = format!("shutdown ({kind:?})").to_lowercase();
+        let Some(client) = self.client.clone() else {
+            return Some(Box::pin(
+                async move { outcome(ShutdownOutcome::NoKubeconfig) },
+            ));
+        };
+        let node = self.node.clone();
+        let exclude_lb = s.drain.exclude_from_load_balancers;
+        let mut opts = crate::drain::DrainOptions::from_settings(&s.drain, reason.clone());
+        opts.shutdown = true;
+        let until = now + deadline;
+        Some(match policy {
+            ShutdownPolicy::Nothing => {
+                Box::pin(async move { outcome(ShutdownOutcome::NothingToDo) })
+            }
+            ShutdownPolicy::Cordon => Box::pin(async move {
+                retry_until(&node, until, "cordon", |_| {
+                    crate::drain::cordon_for_shutdown(&client, &node, &reason, exclude_lb)
+                })
+                .await
+                .map_or_else(outcome, |_| outcome(ShutdownOutcome::Cordoned))
+            }),
+            ShutdownPolicy::Drain => Box::pin(async move {
+                retry_until(&node, until, "drain", |left| {
+                    let mut o = opts.clone();
+                    o.timeout = if left > DRAIN_REPORT_SLACK * 2 {
+                        left - DRAIN_REPORT_SLACK
+                    } else {
+                        left
+                    };
+                    let client = client.clone();
+                    let node = node.clone();
+                    async move { crate::drain::drain(&client, &node, &o).await }
+                })
+                .await
+                .map_or_else(outcome, |r| report_summary(&r))
+            }),
+        })
+    }
+
+    pub(super) fn drain_ended(&mut self, mut summary: DrainSummary) {
+        // Closing the fd is what lets logind go on.
+        drop(self.lock_fd.take());
+        if self.lock == Lock::Held {
+            self.lock_to(LockEvent::ReleasedForShutdown);
+        }
+        if let Some((t0, at, kind, policy, deadline)) = self.shutdown_started.take() {
+            summary.started_at = at.to_string();
+            summary.kind = kind;
+            summary.policy = policy;
+            summary.deadline_ms = millis(deadline);
+            summary.elapsed_ms = millis(t0.elapsed());
+        }
+        info!(
+            node = %self.node,
+            outcome = %summary.outcome,
+            evicted = summary.evicted,
+            left_behind = summary.left_behind.len(),
+            elapsed_ms = summary.elapsed_ms,
+            "shutdown drain ended; lock released"
+        );
+        self.phase_to(PhaseEvent::DrainEnded);
+        self.last_drain = Some(summary);
+    }
+}
+
+pub(super) fn outcome(outcome: ShutdownOutcome) -> DrainSummary {
+    DrainSummary {
+        started_at: String::new(),
+        kind: ShutdownKind::Unknown,
+        policy: ShutdownPolicy::Drain,
+        deadline_ms: 0,
+        outcome,
+        evicted: 0,
+        left_behind: Vec::new(),
+        refused: Vec::new(),
+        elapsed_ms: 0,
+    }
+}
+
+pub(super) fn report_summary(r: &crate::drain::DrainReport) -> DrainSummary {
+    DrainSummary {
+        evicted: r.evicted.len(),
+        left_behind: r.left_behind.iter().map(ToString::to_string).collect(),
+        refused: r.refused.iter().map(|(p, _)| p.to_string()).collect(),
+        ..outcome(r.outcome.into())
+    }
+}
+
+/// Runs `attempt` (given the time left) until it succeeds or `until`, retrying only errors that
+/// trying again can fix ([`crate::drain::exec::Error::is_retryable`]) every [`DRAIN_RETRY`]. A
+/// node that does not exist is [`ShutdownOutcome::NotRegistered`], not a failure.
+pub(super) async fn retry_until<T, F, Fut>(
+    node: &str,
+    until: Instant,
+    what: &str,
+    mut attempt: F,
+) -> Result<T, ShutdownOutcome>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: std::future::Future<Output = crate::drain::exec::Result<T>>,
+{
+    let mut last_error = None;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, attempt(left)).await {
+            Ok(Ok(t)) => return Ok(t),
+            Ok(Err(crate::drain::exec::Error::NodeNotFound { .. })) => {
+                return Err(ShutdownOutcome::NotRegistered);
+            }
+            Ok(Err(e)) if e.is_retryable() && Instant::now() + DRAIN_RETRY < until => {
+                warn!(node, error = %e, "{what} failed; retrying until the deadline");
+                last_error = Some(e.to_string());
+                tokio::time::sleep(DRAIN_RETRY).await;
+            }
+            Ok(Err(e)) if e.is_retryable() => {
+                return Err(ShutdownOutcome::DeadlineExceeded(Some(e.to_string())));
+            }
+            Ok(Err(e)) => {
+                warn!(node, error = %e, "{what} failed; trying again would not help");
+                return Err(ShutdownOutcome::Failed(e.to_string()));
+            }
+            Err(_) => return Err(ShutdownOutcome::DeadlineExceeded(last_error)),
+        }
+    }
+}
