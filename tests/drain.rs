@@ -712,3 +712,55 @@ async fn an_api_server_that_never_answers_ends_the_drain_by_its_deadline() {
     assert!(err.is_retryable());
     held.abort();
 }
+
+/// A pod refused by its budget before the drain had listed the budgets (their list failed at
+/// first) is still retried the moment the budget opens — not only at the 5 s ceiling.
+#[tokio::test]
+async fn a_budget_listed_late_still_wakes_its_blocked_pod() {
+    let emu = emulator().await;
+    emu.seed_pod(web("web-0")).expect("pod");
+    pdb(&emu, "web", "web", json!({"minAvailable": 1}));
+    emu.add_fault(FaultRule::count("list", "poddisruptionbudgets", 500, 1));
+    let emu2 = emu.clone();
+    let opener = tokio::spawn(async move {
+        let blocked = |e: &kube_emulator::EvictionRecord| {
+            matches!(e.outcome, EvictionOutcome::Blocked { .. })
+        };
+        let lists = |emu: &EmulatorHandle| {
+            emu.requests()
+                .iter()
+                .filter(|r| r.verb == "list" && r.resource == "poddisruptionbudgets")
+                .count()
+        };
+        // Refused while the budgets were not listed; open once their list went through.
+        while !emu2.evictions().iter().any(blocked) || lists(&emu2) < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let opened = chrono::Utc::now();
+        emu2.seed_pod(
+            PodSeed::new("default", "web-new")
+                .node("worker-2")
+                .label("app", "web")
+                .owner("ReplicaSet", "web")
+                .ready(true),
+        )
+        .expect("pod");
+        opened
+    });
+    let report = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(20)))
+        .await
+        .expect("drain");
+    let opened = opener.await.expect("opener");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    let evicted = emu
+        .evictions()
+        .into_iter()
+        .find(|e| matches!(e.outcome, EvictionOutcome::Evicted { .. }))
+        .expect("evicted");
+    let after = (evicted.at - opened).to_std().unwrap_or_default();
+    assert!(
+        after < drain::step::BUDGET_RETRY_CEILING / 2,
+        "evicted {after:?} after the budget opened: woken by the budget, not the ceiling"
+    );
+}

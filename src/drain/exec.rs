@@ -29,7 +29,7 @@ use super::cordon::{
 };
 use super::plan::{self, Answer, Cause, Outcome, Plan, PlanOptions, PodRef};
 pub use super::step::DrainOutcome;
-use super::step::{Command, Deleted, Limits, Refusal, Schedule, Step, Verdict};
+use super::step::{Command, Deleted, Limits, Refusal, Schedule, Step, Tracked, Verdict};
 use crate::config::OnDeadline;
 use crate::node_write::{self, NodeWrite, WriteError};
 use crate::store::Mirror;
@@ -380,13 +380,16 @@ fn pdb_key(b: &PodDisruptionBudget) -> String {
     )
 }
 
-/// Whether the budget `namespace/name` allows a disruption now.
-fn budget_open(budgets: &Mirror<PodDisruptionBudget>, key: &str) -> bool {
-    let (ns, name) = key.split_once('/').unwrap_or(("", key));
-    budgets
-        .get(name, Some(ns))
-        .and_then(|b| b.status.as_ref().map(|s| s.disruptions_allowed > 0))
-        .unwrap_or(false)
+/// Whether a budget selecting the pod allows a disruption now.
+fn budget_open(budgets: &Mirror<PodDisruptionBudget>, pod: &Tracked) -> bool {
+    let all = budgets.state();
+    plan::budgets_for(
+        &pod.pod.namespace,
+        &pod.labels,
+        all.iter().map(AsRef::as_ref),
+    )
+    .iter()
+    .any(|b| b.status.as_ref().is_some_and(|s| s.disruptions_allowed > 0))
 }
 
 /// The UIDs of the pods on the node.
@@ -577,7 +580,7 @@ impl<'a> Drain<'a> {
         let mut progress_dirty = true;
         let outcome = loop {
             let now = Instant::now();
-            let (commands, wake) = match schedule.step(now, &|key| budget_open(&budgets, key)) {
+            let (commands, wake) = match schedule.step(now, &|pod| budget_open(&budgets, pod)) {
                 Step::Done(outcome) => break outcome,
                 Step::Run { commands, wake } => (commands, wake),
             };

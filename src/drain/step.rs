@@ -323,9 +323,10 @@ impl Schedule {
         self.pods.values()
     }
 
-    /// What to do at `now`. `budget_open(key)` tells whether the budget `namespace/name` allows
-    /// a disruption now (from the budget watch).
-    pub fn step(&mut self, now: Instant, budget_open: &dyn Fn(&str) -> bool) -> Step {
+    /// What to do at `now`. `budget_open(pod)` tells whether a budget selecting the pod allows a
+    /// disruption now (from the budget watch; asked by labels at each step, so a pod refused
+    /// before the budgets were listed is still retried the moment its budget opens).
+    pub fn step(&mut self, now: Instant, budget_open: &dyn Fn(&Tracked) -> bool) -> Step {
         let mut commands = Vec::new();
         self.advance_waves(now, &mut commands);
         if self.pods.values().all(Tracked::settled) {
@@ -522,11 +523,11 @@ pub struct Tally {
 /// When a pod may be tried (again): at once when pending; after its backoff; for a pod a
 /// budget blocked, [`BUDGET_RETRY_FLOOR`] after the refusal once a budget selecting it opens,
 /// and [`BUDGET_RETRY_CEILING`] after it in any case. `None`: not to be tried.
-fn retry_at(t: &Tracked, now: Instant, budget_open: &dyn Fn(&str) -> bool) -> Option<Instant> {
+fn retry_at(t: &Tracked, now: Instant, budget_open: &dyn Fn(&Tracked) -> bool) -> Option<Instant> {
     match &t.state {
         PodState::Pending => Some(now),
         PodState::Backoff { until } => Some(*until),
-        PodState::Blocked { since, budgets } => Some(if budgets.iter().any(|b| budget_open(b)) {
+        PodState::Blocked { since, .. } => Some(if budget_open(t) {
             *since + BUDGET_RETRY_FLOOR
         } else {
             *since + BUDGET_RETRY_CEILING

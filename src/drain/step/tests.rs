@@ -45,11 +45,11 @@ fn schedule(on_deadline: OnDeadline, concurrency: usize, t0: Instant) -> Schedul
     )
 }
 
-fn closed(_: &str) -> bool {
+fn closed(_: &Tracked) -> bool {
     false
 }
 
-fn open(_: &str) -> bool {
+fn open(_: &Tracked) -> bool {
     true
 }
 
@@ -63,7 +63,7 @@ fn answer(code: u16, cause: Cause) -> Answer {
 }
 
 /// The names evicted by a step, and its wake-up offset from `t0`.
-fn run(s: &mut Schedule, t0: Instant, at: Duration, budgets: &dyn Fn(&str) -> bool) -> Step {
+fn run(s: &mut Schedule, t0: Instant, at: Duration, budgets: &dyn Fn(&Tracked) -> bool) -> Step {
     s.step(t0 + at, budgets)
 }
 
@@ -273,7 +273,7 @@ fn a_budget_blocked_pod_is_retried_when_its_budget_opens_but_not_sooner_than_the
         vec!["ns/web".into()],
         t0,
     );
-    type Budget<'a> = &'a dyn Fn(&str) -> bool;
+    type Budget<'a> = &'a dyn Fn(&Tracked) -> bool;
     let table: [(Duration, Budget, bool, Duration); 4] = [
         // (at, budget, evicts, wake)
         (10 * MS, &open, false, BUDGET_RETRY_FLOOR),
