@@ -58,6 +58,18 @@ fn pdb(emu: &EmulatorHandle, name: &str, app: &str, spec: serde_json::Value) {
     .expect("pdb");
 }
 
+/// Opens the `web` budget: a replacement runs Ready on worker-2.
+fn open_web_budget(emu: &EmulatorHandle) {
+    emu.seed_pod(
+        PodSeed::new("default", "web-new")
+            .node("worker-2")
+            .label("app", "web")
+            .owner("ReplicaSet", "web")
+            .ready(true),
+    )
+    .expect("replacement pod");
+}
+
 fn pods_on(emu: &EmulatorHandle, node: &str) -> Vec<String> {
     let mut names: Vec<String> = emu
         .list("pods", None)
@@ -314,14 +326,7 @@ async fn deadline_wait_keeps_going_until_the_budget_opens() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         tokio::time::sleep_until(past_deadline).await;
-        emu2.seed_pod(
-            PodSeed::new("default", "web-new")
-                .node("worker-2")
-                .label("app", "web")
-                .owner("ReplicaSet", "web")
-                .ready(true),
-        )
-        .expect("pod");
+        open_web_budget(&emu2);
     });
     let report = drain::drain(&client(&emu).await, NODE, &o)
         .await
@@ -738,14 +743,7 @@ async fn a_budget_listed_late_still_wakes_its_blocked_pod() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
         let opened = chrono::Utc::now();
-        emu2.seed_pod(
-            PodSeed::new("default", "web-new")
-                .node("worker-2")
-                .label("app", "web")
-                .owner("ReplicaSet", "web")
-                .ready(true),
-        )
-        .expect("pod");
+        open_web_budget(&emu2);
         opened
     });
     let report = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(20)))
