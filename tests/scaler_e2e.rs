@@ -233,6 +233,103 @@ async fn pending_pods_get_machines_then_idle_nodes_go() {
     scaler.abort();
 }
 
+/// The scaler's own clock at its last pass, from the status ConfigMap it writes every pass.
+fn last_pass(env: &Env) -> Option<jiff::Timestamp> {
+    let status = env
+        .kube
+        .get("configmaps", Some("kube-system"), "nodeward-scaler-status")?;
+    status["data"]["status"]
+        .as_str()?
+        .lines()
+        .find_map(|l| l.strip_prefix("time: "))?
+        .parse()
+        .ok()
+}
+
+/// A node whose pods a PodDisruptionBudget keeps is not drained (before, the scaler drained it,
+/// the drain timed out against the budget, the node was uncordoned, and so on every unneeded
+/// time); once the budget allows one disruption, exactly one node goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_keeps_its_pods_node_until_it_allows_the_move() {
+    let env = env(|_| {}).await;
+    let _sim = env.simulate(SimOptions::default());
+    let scaler = env.spawn("replica-a").await;
+    for i in 0..4 {
+        env.pod(&format!("load-{i}"), "1500m");
+    }
+    wait_for("all pods running", Duration::from_secs(20), || {
+        env.running_pods() == 4
+    })
+    .await;
+    assert_eq!(env.servers().len(), 2, "two pods per node");
+    env.kube
+        .create(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "load", "namespace": "default"},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "load"}}}
+        }))
+        .expect("budget");
+    // One pod leaves each node: both nodes are now a quarter used and one could take the
+    // other's pod, but the budget (two left, two must stay) allows no eviction.
+    let mut seen = std::collections::BTreeSet::new();
+    for p in env.kube.list("pods", Some("default")) {
+        let node = p["spec"]["nodeName"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if seen.insert(node) {
+            let name = p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            env.kube
+                .delete_with_grace("pods", Some("default"), &name, Some(0))
+                .expect("delete pod");
+        }
+    }
+    assert_eq!(env.running_pods(), 2);
+    // Long enough for a mark and the 1 s unneeded time, then a few more passes.
+    let after = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(4);
+    wait_for(
+        "passes past the unneeded time",
+        Duration::from_secs(20),
+        || last_pass(&env).is_some_and(|t| t > after),
+    )
+    .await;
+    assert!(
+        !env.event_reasons("Node").iter().any(|r| r == "ScaleDown"),
+        "no drain against a closed budget: {:?}",
+        env.event_reasons("Node")
+    );
+    for n in env.kube.list("nodes", None) {
+        assert_ne!(n["spec"]["unschedulable"], true, "never cordoned: {n}");
+    }
+    assert_eq!(env.servers().len(), 2);
+    // The budget opens for one pod: one node is drained and deleted, the other stays.
+    env.kube
+        .modify(
+            "poddisruptionbudgets.policy",
+            Some("default"),
+            "load",
+            |b| {
+                b["spec"]["minAvailable"] = json!(1);
+            },
+        )
+        .expect("budget opens");
+    wait_for("one machine deleted", Duration::from_secs(30), || {
+        env.servers().len() == 1 && env.group_nodes().len() == 1
+    })
+    .await;
+    assert!(
+        !env.event_reasons("Node")
+            .iter()
+            .any(|r| r == "ScaleDownFailed"),
+        "{:?}",
+        env.event_reasons("Node")
+    );
+    scaler.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_that_never_boots_is_deleted_and_the_group_backs_off() {
     let env = env(|s| {

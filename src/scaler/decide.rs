@@ -15,7 +15,10 @@ use std::fmt;
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::model::{Backoff, MachineView, NodeView, PodView, Requirement, Snapshot, TaintView};
+use super::model::{
+    Backoff, BudgetView, FNV_OFFSET, MachineView, NodeView, PodView, Requirement, SelectorView,
+    Snapshot, TaintView, fnv,
+};
 use super::resources::Resources;
 use crate::config::{Expander, GroupSettings, ScalerSettings};
 use crate::render::values::NODE_GROUP_LABEL;
@@ -238,6 +241,79 @@ fn requirement_matches(r: &Requirement, labels: &BTreeMap<String, String>, name:
     }
 }
 
+/// Whether a label selector selects a set of labels.
+pub fn selector_selects(sel: &SelectorView, labels: &BTreeMap<String, String>) -> bool {
+    sel.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+        && sel
+            .expressions
+            .iter()
+            .all(|r| !r.field && requirement_matches(r, labels, ""))
+}
+
+/// The budgets of a snapshot by namespace, so finding a pod's budgets does not scan them all.
+struct BudgetIndex<'a> {
+    budgets: &'a [BudgetView],
+    by_namespace: HashMap<&'a str, Vec<usize>>,
+}
+
+impl<'a> BudgetIndex<'a> {
+    fn new(budgets: &'a [BudgetView]) -> Self {
+        let mut by_namespace: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, b) in budgets.iter().enumerate() {
+            by_namespace
+                .entry(b.namespace.as_str())
+                .or_default()
+                .push(i);
+        }
+        Self {
+            budgets,
+            by_namespace,
+        }
+    }
+
+    /// Indices of the budgets that select the pod.
+    fn of(&self, p: &PodView) -> Vec<usize> {
+        self.by_namespace
+            .get(p.namespace.as_str())
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&i| {
+                self.budgets[i]
+                    .selector
+                    .as_ref()
+                    .is_some_and(|sel| selector_selects(sel, &p.labels))
+            })
+            .collect()
+    }
+}
+
+/// What [`SCALE_DOWN_FAILED`](super::model::SCALE_DOWN_FAILED) records when a scale-down drain
+/// fails: a hash of the node's evictable pods (by UID) and of the budgets that select them (name
+/// and `disruptionsAllowed`). The same pods under the same budgets give the same string, in
+/// whatever order they are listed; a pod that comes or goes, or a budget that opens or closes,
+/// gives another.
+pub fn scale_down_fingerprint(pods: &[&PodView], budgets: &[BudgetView]) -> String {
+    let index = BudgetIndex::new(budgets);
+    let mut parts: Vec<String> = Vec::new();
+    for p in pods.iter().filter(|p| !p.daemon()) {
+        parts.push(format!("pod {}", p.uid));
+        for i in index.of(p) {
+            let b = &budgets[i];
+            parts.push(format!(
+                "pdb {}/{} {}",
+                b.namespace, b.name, b.disruptions_allowed
+            ));
+        }
+    }
+    parts.sort();
+    parts.dedup();
+    let h = parts
+        .iter()
+        .fold(FNV_OFFSET, |h, part| fnv(b"\n", fnv(part.as_bytes(), h)));
+    format!("{h:016x}")
+}
+
 /// Whether the pod tolerates every NoSchedule/NoExecute taint.
 pub fn tolerates(pod: &PodView, taints: &[TaintView]) -> bool {
     taints
@@ -354,15 +430,6 @@ impl SplitMix {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
-}
-
-/// FNV-1a, for the seed.
-fn fnv(bytes: &[u8], mut h: u64) -> u64 {
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01B3);
-    }
-    h
 }
 
 /// One group's simulated scale-up.
@@ -592,7 +659,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         &now.as_second().to_le_bytes(),
         unplaced
             .iter()
-            .fold(0xCBF2_9CE4_8422_2325, |h, p| fnv(p.uid.as_bytes(), h)),
+            .fold(FNV_OFFSET, |h, p| fnv(p.uid.as_bytes(), h)),
     ));
     loop {
         let mut options: Vec<Expansion> = Vec::new();
@@ -770,7 +837,12 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         machine: &'a MachineView,
         utilisation: f64,
         movable: Vec<&'a PodView>,
+        /// One entry per evictable pod a budget selects: the disruptions its drain takes.
+        disruptions: Vec<usize>,
     }
+    let budgets = BudgetIndex::new(&snap.budgets);
+    // What each budget still allows after the nodes already chosen in this pass.
+    let mut allowed: Vec<i32> = snap.budgets.iter().map(|b| b.disruptions_allowed).collect();
     let mut candidates: Vec<Candidate<'_>> = Vec::new();
     let mut needed: Vec<&NodeView> = Vec::new();
     for n in &snap.nodes {
@@ -834,12 +906,33 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             needed.push(n);
             continue;
         }
+        // A drain that failed here before, with the same pods under the same budgets, would
+        // fail again: wait for something to change.
+        if n.scale_down_failed.as_deref()
+            == Some(scale_down_fingerprint(pods, &snap.budgets).as_str())
+        {
+            needed.push(n);
+            continue;
+        }
+        let mut disruptions = Vec::new();
+        let mut evictable = true;
+        for p in &movable {
+            let of = budgets.of(p);
+            // The Eviction API refuses a pod that more than one budget selects.
+            evictable &= of.len() <= 1;
+            disruptions.extend(of);
+        }
+        if !evictable {
+            needed.push(n);
+            continue;
+        }
         candidates.push(Candidate {
             node: n,
             group: gi,
             machine,
             utilisation,
             movable,
+            disruptions,
         });
     }
     candidates.sort_by(|a, b| {
@@ -850,6 +943,16 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
     let mut removed: std::collections::HashSet<&str> = std::collections::HashSet::new();
     let mut unneeded: Vec<&Candidate<'_>> = Vec::new();
     for c in &candidates {
+        // Every pod must be able to leave now: the budgets must allow all of this node's
+        // evictions on top of those of the nodes already chosen in this pass.
+        let mut need: BTreeMap<usize, i32> = BTreeMap::new();
+        for &b in &c.disruptions {
+            *need.entry(b).or_default() += 1;
+        }
+        if need.iter().any(|(&b, &n)| allowed[b] < n) {
+            needed.push(c.node);
+            continue;
+        }
         removed.insert(c.node.name.as_str());
         let mut overlay: HashMap<&str, Resources> = HashMap::new();
         let mut ok = true;
@@ -886,6 +989,9 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         }
         if ok {
             free_after.extend(overlay);
+            for (b, n) in need {
+                allowed[b] -= n;
+            }
             unneeded.push(c);
         } else {
             removed.remove(c.node.name.as_str());

@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{EventType, Recorder};
 use serde_json::json;
@@ -22,7 +23,7 @@ use tracing::{debug, error, info, instrument, warn};
 
 use super::decide::{self, Action, GroupState, ScaleUpReason};
 use super::metrics::{self, Metrics};
-use super::model::{self, Backoff, NOT_READY_IN_TIME, Snapshot, UNNEEDED_SINCE};
+use super::model::{self, Backoff, NOT_READY_IN_TIME, SCALE_DOWN_FAILED, Snapshot, UNNEEDED_SINCE};
 use super::provider::{self, CLUSTER_TAG, CreateSpec, POOL_TAG, Provider};
 use super::{SCALE_DOWN_REASON, token};
 use crate::config::{GroupSettings, ScalerSettings, Settings};
@@ -420,21 +421,24 @@ impl<P: Provider + 'static> Inner<P> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(self.client.clone());
         let status: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let budgets: Api<PodDisruptionBudget> = Api::all(self.client.clone());
         let all = ListParams::default();
         let live = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
         let reason = format!("reason={NOT_READY_IN_TIME}");
         let not_ready_events = ListParams::default().fields(&reason);
-        let (nodes, pods, events, status, machines) = tokio::join!(
+        let (nodes, pods, events, status, budgets, machines) = tokio::join!(
             nodes.list(&all),
             pods.list(&live),
             events.list(&not_ready_events),
             status.get_opt(STATUS_CONFIGMAP),
+            budgets.list(&all),
             self.provider.list(),
         );
         let nodes = nodes.map_err(api("list nodes"))?;
         let pods = pods.map_err(api("list pods"))?;
         let events = events.map_err(api("list events"))?;
         let status = status.map_err(api("read the status ConfigMap"))?;
+        let budgets = budgets.map_err(api("list poddisruptionbudgets"))?;
         let machines = machines?;
         let not_ready: std::collections::BTreeSet<String> = events
             .items
@@ -456,7 +460,36 @@ impl<P: Provider + 'static> Inner<P> {
             pods: pods.items.iter().filter_map(model::pod_view).collect(),
             machines,
             backoff,
+            budgets: budgets.items.iter().map(model::budget_view).collect(),
         })
+    }
+
+    /// The node's pods and budgets as they are now, reduced to
+    /// [`decide::scale_down_fingerprint`].
+    async fn fingerprint(&self, node: &str) -> Result<String> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let budgets: Api<PodDisruptionBudget> = Api::all(self.client.clone());
+        let on_node = ListParams::default().fields(&format!(
+            "spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
+        ));
+        let all = ListParams::default();
+        let (pods, budgets) = tokio::join!(pods.list(&on_node), budgets.list(&all));
+        let pods: Vec<model::PodView> = pods
+            .map_err(api("list the node's pods"))?
+            .items
+            .iter()
+            .filter_map(model::pod_view)
+            .collect();
+        let budgets: Vec<model::BudgetView> = budgets
+            .map_err(api("list poddisruptionbudgets"))?
+            .items
+            .iter()
+            .map(model::budget_view)
+            .collect();
+        Ok(decide::scale_down_fingerprint(
+            &pods.iter().collect::<Vec<_>>(),
+            &budgets,
+        ))
     }
 
     async fn pass(self: Arc<Self>) -> Result<Vec<Action>> {
@@ -849,7 +882,26 @@ impl<P: Provider + 'static> Inner<P> {
                 if let Err(e) = crate::drain::uncordon(&self.client, node, false).await {
                     warn!(node, error = %e, "cannot uncordon after a failed scale-down");
                 }
-                self.annotate(node, None).await;
+                // Remember what the node held, so decide does not pick it again for the same
+                // drain to fail the same way.
+                let failed = match self.fingerprint(node).await {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        warn!(node, error = %e, "cannot record the failed scale-down; the node may be picked again");
+                        None
+                    }
+                };
+                let nodes: Api<Node> = Api::all(self.client.clone());
+                let patch = json!({"metadata": {"annotations": {
+                    UNNEEDED_SINCE: None::<String>,
+                    SCALE_DOWN_FAILED: failed,
+                }}});
+                if let Err(e) = nodes
+                    .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    warn!(node, error = %e, "cannot record the failed scale-down on the Node");
+                }
             }
             Err(e) => {
                 self.metrics

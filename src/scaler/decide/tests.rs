@@ -68,6 +68,7 @@ fn node(name: &str, group: Option<&str>) -> NodeView {
         unneeded_since: None,
         scale_down_disabled: false,
         not_ready_in_time: false,
+        scale_down_failed: None,
     }
 }
 
@@ -85,6 +86,7 @@ fn pod(name: &str, cpu_milli: i64, mem_gi: i64) -> PodView {
         namespace: "default".into(),
         name: name.into(),
         uid: format!("uid-{name}"),
+        labels: BTreeMap::new(),
         node: None,
         requests: res(cpu_milli, mem_gi, 1),
         node_selector: BTreeMap::new(),
@@ -966,4 +968,236 @@ fn a_node_left_behind_by_a_scale_down_is_deleted() {
 fn unneeded_annotation_name_is_stable() {
     // Renaming it would make every running scaler forget its countdowns on upgrade.
     assert_eq!(UNNEEDED_SINCE, "nodeward.io/unneeded-since");
+}
+
+fn budget(name: &str, app: Option<&str>, allowed: i32) -> BudgetView {
+    BudgetView {
+        namespace: "default".into(),
+        name: name.into(),
+        selector: app.map(|a| SelectorView {
+            labels: BTreeMap::from([("app".to_string(), a.to_string())]),
+            expressions: Vec::new(),
+        }),
+        disruptions_allowed: allowed,
+    }
+}
+
+fn labelled(mut p: PodView, app: &str) -> PodView {
+    p.labels.insert("app".into(), app.into());
+    p
+}
+
+/// Nodes "a" and "b" each hold one light `app=api` pod and could both go; "c" and "d" are busy
+/// (at the utilisation threshold) and have room for both.
+fn budget_snapshot() -> Snapshot {
+    let mut snap = Snapshot::default();
+    for n in ["a", "b", "c", "d"] {
+        member(&mut snap, n, "web");
+    }
+    snap.pods.push(labelled(on(pod("a1", 500, 1), "a"), "api"));
+    snap.pods.push(labelled(on(pod("b1", 500, 1), "b"), "api"));
+    snap.pods
+        .push(labelled(on(pod("c1", 2000, 1), "c"), "other"));
+    snap.pods
+        .push(labelled(on(pod("d1", 2000, 1), "d"), "other"));
+    snap
+}
+
+fn marked(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::MarkUnneeded { node, .. } => Some(node.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A node is unneeded only if every pod on it could leave now, with `disruptionsAllowed` spent
+/// across the nodes chosen in the same pass.
+#[test]
+fn budgets_decide_which_nodes_can_go() {
+    type Case = (
+        &'static str,
+        Box<dyn Fn(&mut Snapshot)>,
+        &'static [&'static str],
+    );
+    let cases: Vec<Case> = vec![
+        ("no budget", Box::new(|_| {}), &["a", "b"]),
+        (
+            "a budget that allows no disruption",
+            Box::new(|s| s.budgets.push(budget("api", Some("api"), 0))),
+            &[],
+        ),
+        (
+            "one disruption is spent on the first node of the pass",
+            Box::new(|s| s.budgets.push(budget("api", Some("api"), 1))),
+            &["a"],
+        ),
+        (
+            "two disruptions cover both",
+            Box::new(|s| s.budgets.push(budget("api", Some("api"), 2))),
+            &["a", "b"],
+        ),
+        (
+            "a budget of another namespace",
+            Box::new(|s| {
+                let mut b = budget("api", Some("api"), 0);
+                b.namespace = "other".into();
+                s.budgets.push(b);
+            }),
+            &["a", "b"],
+        ),
+        (
+            "a budget selecting other labels",
+            Box::new(|s| s.budgets.push(budget("web", Some("web"), 0))),
+            &["a", "b"],
+        ),
+        (
+            "a budget without a selector selects nothing",
+            Box::new(|s| s.budgets.push(budget("none", None, 0))),
+            &["a", "b"],
+        ),
+        (
+            "an empty selector selects the whole namespace",
+            Box::new(|s| {
+                let mut b = budget("all", None, 1);
+                b.selector = Some(SelectorView::default());
+                s.budgets.push(b);
+            }),
+            &["a"],
+        ),
+        (
+            "matchExpressions",
+            Box::new(|s| {
+                let mut b = budget("expr", None, 0);
+                b.selector = Some(SelectorView {
+                    labels: BTreeMap::new(),
+                    expressions: vec![req("app", "In", &["api", "x"])],
+                });
+                s.budgets.push(b);
+            }),
+            &[],
+        ),
+        (
+            "a pod two budgets select cannot be evicted",
+            Box::new(|s| {
+                s.budgets.push(budget("api", Some("api"), 5));
+                s.budgets.push(budget("api-too", Some("api"), 5));
+            }),
+            &[],
+        ),
+        (
+            "a DaemonSet pod under a closed budget does not hold its node",
+            Box::new(|s| {
+                s.pods[0].controller_kind = Some("DaemonSet".into());
+                s.budgets.push(budget("api", Some("api"), 0));
+            }),
+            &["a"],
+        ),
+        (
+            "a second pod on the same node needs a second disruption",
+            Box::new(|s| {
+                // "b" (less used) goes first and takes one; "a" would need the other two.
+                s.pods.push(labelled(on(pod("a2", 500, 1), "a"), "api"));
+                s.budgets.push(budget("api", Some("api"), 2));
+            }),
+            &["b"],
+        ),
+    ];
+    let s = settings(vec![group("web", 0, 10)]);
+    for (what, f, want) in cases {
+        let mut snap = budget_snapshot();
+        f(&mut snap);
+        let a = decide(&snap, t0(), &s);
+        assert_eq!(marked(&a), want, "{what}: {a:?}");
+    }
+}
+
+#[test]
+fn a_budget_that_closed_stops_a_countdown() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let mut snap = budget_snapshot();
+    snap.nodes[0].unneeded_since = Some(at(-60));
+    snap.budgets.push(budget("api", Some("api"), 0));
+    let a = decide(&snap, t0(), &s);
+    assert!(scale_downs(&a).is_empty(), "{a:?}");
+    assert!(
+        a.contains(&Action::ClearUnneeded { node: "a".into() }),
+        "{a:?}"
+    );
+    snap.budgets[0].disruptions_allowed = 1;
+    assert_eq!(scale_downs(&decide(&snap, t0(), &s)), ["a"]);
+}
+
+/// A node whose drain failed is not picked again until its pods or their budgets change.
+#[test]
+fn a_failed_scale_down_is_not_repeated_until_something_changed() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let mut base = budget_snapshot();
+    base.nodes[0].unneeded_since = Some(at(-60));
+    base.budgets.push(budget("api", Some("api"), 2));
+    assert_eq!(
+        scale_downs(&decide(&base, t0(), &s)),
+        ["a"],
+        "the base case"
+    );
+    let on_a = |snap: &Snapshot| -> String {
+        let pods: Vec<&PodView> = snap
+            .pods
+            .iter()
+            .filter(|p| p.node.as_deref() == Some("a"))
+            .collect();
+        scale_down_fingerprint(&pods, &snap.budgets)
+    };
+    base.nodes[0].scale_down_failed = Some(on_a(&base));
+    let a = decide(&base, t0(), &s);
+    assert!(scale_downs(&a).is_empty(), "the same drain again: {a:?}");
+    assert!(
+        a.contains(&Action::ClearUnneeded { node: "a".into() }),
+        "{a:?}"
+    );
+    type Case = (&'static str, Box<dyn Fn(&mut Snapshot)>, bool);
+    let cases: Vec<Case> = vec![
+        (
+            "a pod came",
+            Box::new(|s| s.pods.push(on(pod("a2", 100, 1), "a"))),
+            true,
+        ),
+        (
+            "a pod was replaced",
+            Box::new(|s| s.pods[0].uid = "uid-a1-new".into()),
+            true,
+        ),
+        (
+            "the budget opened further",
+            Box::new(|s| s.budgets[0].disruptions_allowed = 3),
+            true,
+        ),
+        (
+            "a budget of unrelated pods changed",
+            Box::new(|s| s.budgets.push(budget("other", Some("other"), 1))),
+            false,
+        ),
+        (
+            "a DaemonSet pod came",
+            Box::new(|s| {
+                let mut ds = on(pod("ds", 100, 1), "a");
+                ds.controller_kind = Some("DaemonSet".into());
+                s.pods.push(ds);
+            }),
+            false,
+        ),
+        (
+            "the same pods listed in another order",
+            Box::new(|s| s.pods.reverse()),
+            false,
+        ),
+    ];
+    for (what, f, picked) in cases {
+        let mut snap = base.clone();
+        f(&mut snap);
+        let got = scale_downs(&decide(&snap, t0(), &s));
+        assert_eq!(got.contains(&"a".to_string()), picked, "{what}: {got:?}");
+    }
 }
