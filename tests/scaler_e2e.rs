@@ -571,6 +571,77 @@ async fn lease_is_held_by_one_identity_at_a_time() {
         winner.try_acquire().await.is_none(),
         "and the old holder follows"
     );
+    // The fence: only the holder, and only while the Lease is as its own last write left it.
+    loser.confirm().await.expect("the new holder may act");
+    assert!(matches!(
+        winner.confirm().await,
+        Err(nodeward::lease::FenceError::NotLeader)
+    ));
+    env.kube
+        .modify("leases", Some("kube-system"), "l", |l| {
+            l["spec"]["holderIdentity"] = json!("c");
+        })
+        .expect("lease taken");
+    assert!(matches!(
+        loser.confirm().await,
+        Err(nodeward::lease::FenceError::Superseded { holder: Some(h) }) if h == "c"
+    ));
+}
+
+/// The holder's deletes are fenced by the Lease itself, not by its local deadline: once another
+/// identity has written the Lease, a leader that still believes it leads (its next renewal is
+/// far off) drains but does not delete the machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_lease_was_taken_deletes_no_machine() {
+    let env = env(|s| {
+        // Renewals every 20 s: the test runs between two of them.
+        s.scaler.lease_duration = Duration::from_secs(60);
+    })
+    .await;
+    let _sim = env.simulate(SimOptions::default());
+    let scaler = env.scaler("replica-a", false).await;
+    let metrics = scaler.metrics();
+    let task = tokio::spawn(async move {
+        scaler
+            .run(std::future::pending())
+            .await
+            .expect("scaler runs");
+    });
+    env.pod("load-0", "1500m");
+    wait_for("pod running", Duration::from_secs(20), || {
+        env.running_pods() == 1
+    })
+    .await;
+    assert_eq!(env.servers().len(), 1);
+    // Another replica takes the Lease (as one whose clock says replica-a's renewal expired).
+    env.kube
+        .modify("leases", Some("kube-system"), "nodeward-scaler", |l| {
+            l["spec"]["holderIdentity"] = json!("replica-b");
+            l["spec"]["leaseTransitions"] = json!(1);
+        })
+        .expect("lease taken");
+    env.kube
+        .delete_with_grace("pods", Some("default"), "load-0", Some(0))
+        .expect("delete pod");
+    let fenced = || {
+        metrics
+            .failures
+            .get_or_create(&nodeward::scaler::metrics::failure("web", "fenced"))
+            .get()
+    };
+    wait_for(
+        "the scale-down to reach its delete",
+        Duration::from_secs(20),
+        || fenced() > 0 || !env.cherry.deleted().is_empty(),
+    )
+    .await;
+    assert!(
+        env.cherry.deleted().is_empty(),
+        "a replica that lost the Lease deleted {:?}",
+        env.cherry.deleted()
+    );
+    assert_eq!(env.servers().len(), 1, "the machine is still there");
+    task.abort();
 }
 
 /// The real binary at trace level: neither the provider token nor any bootstrap token (nor its

@@ -30,7 +30,7 @@ pub struct Metrics {
     pub scale_ups: Family<Labels, Counter>,
     /// Nodes removed by scale-down.
     pub scale_downs: Family<Labels, Counter>,
-    /// Failures by group and kind (create, drain, delete, repair).
+    /// Failures by group and kind (create, drain, delete, repair, fenced).
     pub failures: Family<Labels, Counter>,
     /// Time decide took.
     pub decision_seconds: Histogram,

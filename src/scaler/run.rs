@@ -87,6 +87,9 @@ pub enum Error {
         #[source]
         source: crate::render::Error,
     },
+    /// Another replica holds the Lease.
+    #[error("another replica holds the Lease")]
+    NotLeader,
     /// The metrics address could not be bound.
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics {
@@ -134,6 +137,7 @@ struct Inner<P> {
     recorder: Recorder,
     draining: Mutex<HashSet<String>>,
     leader_until: Mutex<Option<Instant>>,
+    elector: Elector,
 }
 
 /// The scaler.
@@ -241,6 +245,13 @@ impl<P: Provider + 'static> Scaler<P> {
         }
         s.groups = groups;
         let drain = DrainOptions::from_settings(&settings.drain, SCALE_DOWN_REASON);
+        let elector = Elector::new(
+            client.clone(),
+            &s.namespace,
+            &s.lease_name,
+            &opts.identity,
+            s.lease_duration,
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 recorder: crate::events::recorder(
@@ -259,6 +270,7 @@ impl<P: Provider + 'static> Scaler<P> {
                 metrics: Arc::new(Metrics::default()),
                 draining: Mutex::new(HashSet::new()),
                 leader_until: Mutex::new(None),
+                elector,
             }),
         })
     }
@@ -282,19 +294,12 @@ impl<P: Provider + 'static> Scaler<P> {
             )),
             None => None,
         };
-        let elector = Elector::new(
-            inner.client.clone(),
-            &s.namespace,
-            &s.lease_name,
-            &inner.opts.identity,
-            s.lease_duration,
-        );
         let renew_every = s.lease_duration / 3;
         let _election = {
             let inner = inner.clone();
             AbortOnDrop(tokio::spawn(async move {
                 loop {
-                    let until = elector.try_acquire().await;
+                    let until = inner.elector.try_acquire().await;
                     inner.metrics.leader.set(i64::from(until.is_some()));
                     *lock(&inner.leader_until) = until;
                     tokio::time::sleep(renew_every).await;
@@ -318,22 +323,19 @@ impl<P: Provider + 'static> Scaler<P> {
             }
         }
         drop(_election);
-        Elector::new(
-            inner.client.clone(),
-            &s.namespace,
-            &s.lease_name,
-            &inner.opts.identity,
-            s.lease_duration,
-        )
-        .release()
-        .await;
+        inner.elector.release().await;
         info!("scaler stopped");
         Ok(())
     }
 
-    /// One pass regardless of leadership (tests and `--once`-style callers that hold no Lease).
+    /// One pass as the Lease holder: takes or renews the Lease first (so its deletes are fenced
+    /// like every other pass's), and fails if another replica holds it.
     pub async fn pass_once(&self) -> Result<Vec<Action>> {
-        *lock(&self.inner.leader_until) = Some(Instant::now() + Duration::from_secs(3600));
+        let until = self.inner.elector.try_acquire().await;
+        *lock(&self.inner.leader_until) = until;
+        if until.is_none() {
+            return Err(Error::NotLeader);
+        }
         self.inner.clone().pass().await
     }
 }
@@ -648,6 +650,22 @@ impl<P: Provider + 'static> Inner<P> {
         }
     }
 
+    /// Whether this replica may delete a machine now ([`Elector::confirm`]); a refusal is
+    /// logged and counted as failure kind `fenced`.
+    async fn fenced(&self, group: &str, machine: &str) -> bool {
+        match self.elector.confirm().await {
+            Ok(()) => true,
+            Err(e) => {
+                self.metrics
+                    .failures
+                    .get_or_create(&metrics::failure(group, "fenced"))
+                    .inc();
+                warn!(group, machine, error = %e, "not deleting the machine: leadership is not confirmed");
+                false
+            }
+        }
+    }
+
     async fn delete_node(&self, node: &str) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         match nodes.delete(node, &DeleteParams::default()).await {
@@ -674,6 +692,9 @@ impl<P: Provider + 'static> Inner<P> {
                 format!("nodeward scaler deletes machine {machine}: {reason}"),
             )
             .await;
+        }
+        if !self.fenced(group, machine).await {
+            return;
         }
         match self.provider.delete(machine).await {
             Ok(()) => {
@@ -841,6 +862,12 @@ impl<P: Provider + 'static> Inner<P> {
         let result = crate::drain::drain(&self.client, node, &self.drain).await;
         match result {
             Ok(r) if r.outcome == DrainOutcome::Drained => {
+                if !self.fenced(group, machine).await {
+                    // The node stays cordoned with nodeward's scale-down record: the leader
+                    // finishes the scale-down.
+                    lock(&self.draining).remove(node);
+                    return;
+                }
                 match self.provider.delete(machine).await {
                     Ok(()) => {
                         self.delete_node(node).await;
