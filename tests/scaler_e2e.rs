@@ -372,6 +372,41 @@ async fn a_machine_that_never_boots_is_deleted_and_the_group_backs_off() {
     scaler.abort();
 }
 
+/// A create the provider refuses for good (4xx, e.g. quota) puts the group into back-off by
+/// decide's rule; after it, the group tries again and the pod runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_create_backs_the_group_off() {
+    let env = env(|s| s.scaler.backoff_initial = Duration::from_secs(2)).await;
+    let _sim = env.simulate(SimOptions::default());
+    env.cherry.add_fault(Fault {
+        method: Some("POST".into()),
+        path_contains: "/servers".into(),
+        status: 422,
+        count: 1,
+    });
+    let scaler = env.spawn("replica-a").await;
+    env.pod("load-0", "500m");
+    let backoff = || {
+        env.kube
+            .get("configmaps", Some("kube-system"), "nodeward-scaler-status")
+            .and_then(|c| c["data"]["backoff"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    wait_for("the back-off recorded", Duration::from_secs(10), || {
+        backoff().contains("\"failures\":1")
+    })
+    .await;
+    assert!(env.servers().is_empty(), "the refused create made nothing");
+    wait_for(
+        "the pod running after the back-off",
+        Duration::from_secs(20),
+        || env.running_pods() == 1,
+    )
+    .await;
+    assert_eq!(env.servers().len(), 1);
+    scaler.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provider_errors_and_timeouts_create_no_duplicates() {
     let env = env(|_| {}).await;

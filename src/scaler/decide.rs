@@ -357,10 +357,10 @@ fn template(
     snap: &Snapshot,
     pods_on: &HashMap<&str, Vec<&PodView>>,
 ) -> Template {
-    let mut labels = BTreeMap::from([
-        ("kubernetes.io/os".to_string(), "linux".to_string()),
-        ("kubernetes.io/arch".to_string(), "amd64".to_string()),
-    ]);
+    // Every nodeward node runs Linux (the cloud-init templates are Linux's). The architecture is
+    // the plan's, which only the group knows: it comes from the group's `labels`
+    // (`kubernetes.io/arch`) or from a node of the group, never from a guess.
+    let mut labels = BTreeMap::from([("kubernetes.io/os".to_string(), "linux".to_string())]);
     if !g.plan.is_empty() {
         labels.insert("node.kubernetes.io/instance-type".into(), g.plan.clone());
     }
@@ -417,6 +417,32 @@ fn elapsed(now: Timestamp, since: Timestamp) -> std::time::Duration {
 pub fn backoff_for(failures: u32, s: &ScalerSettings) -> std::time::Duration {
     let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(31));
     s.backoff_initial.saturating_mul(factor).min(s.backoff_max)
+}
+
+/// The group's back-off after `failed` more failed machines at `now`, on top of `prev`; `None`
+/// when nothing failed. The one place the rule lives: for machines [`decide`] repairs and for
+/// creates the provider refused for good, which the executor reports back through it.
+pub fn back_off(
+    group: &str,
+    prev: Option<Backoff>,
+    failed: u32,
+    now: Timestamp,
+    s: &ScalerSettings,
+) -> Option<Action> {
+    if failed == 0 {
+        return None;
+    }
+    let failures = prev.unwrap_or_default().failures.saturating_add(failed);
+    let until = now
+        .checked_add(
+            SignedDuration::try_from(backoff_for(failures, s)).unwrap_or(SignedDuration::MAX),
+        )
+        .unwrap_or(Timestamp::MAX);
+    Some(Action::BackOff {
+        group: group.to_string(),
+        failures,
+        until,
+    })
 }
 
 /// A small deterministic generator (splitmix64) for the random expander, seeded from the input.
@@ -520,21 +546,16 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         .map(|g| states.get(&g.name).is_some_and(|st| st.backing_off))
         .collect();
     for (group, n) in &failures {
-        let prev = snap.backoff.get(*group).copied().unwrap_or_default();
-        let total = prev.failures.saturating_add(*n);
-        let until = now
-            .checked_add(
-                SignedDuration::try_from(backoff_for(total, s)).unwrap_or(SignedDuration::MAX),
-            )
-            .unwrap_or(Timestamp::MAX);
         if let Some(&gi) = groups.get(group) {
             backing_off[gi] = true;
         }
-        actions.push(Action::BackOff {
-            group: group.to_string(),
-            failures: total,
-            until,
-        });
+        actions.extend(back_off(
+            group,
+            snap.backoff.get(*group).copied(),
+            *n,
+            now,
+            s,
+        ));
     }
     for (group, b) in &snap.backoff {
         let Backoff {

@@ -799,6 +799,7 @@ impl<P: Provider + 'static> Inner<P> {
             first_create.get_or_insert(d);
         }
         let mut created = 0;
+        let mut refused = 0;
         for result in results {
             let (host, r) = match result {
                 Ok(pair) => pair,
@@ -827,24 +828,30 @@ impl<P: Provider + 'static> Inner<P> {
                         .inc();
                     warn!(group, hostname = %host, error = %e, retryable = e.is_retryable(), "cannot create a machine");
                     if !e.is_retryable() {
-                        let prev = backoff.get(group).copied().unwrap_or_default();
-                        let failures = prev.failures.saturating_add(1);
-                        let d = jiff::SignedDuration::try_from(decide::backoff_for(
-                            failures,
-                            &self.settings,
-                        ))
-                        .unwrap_or(jiff::SignedDuration::MAX);
-                        backoff.insert(
-                            group.to_string(),
-                            Backoff {
-                                failures,
-                                last_failure: Some(now),
-                                until: now.checked_add(d).ok(),
-                            },
-                        );
+                        refused += 1;
                     }
                 }
             }
+        }
+        // Refused creates (4xx such as quota) count as failed machines: decide's rule says how
+        // long the group waits.
+        if let Some(Action::BackOff {
+            failures, until, ..
+        }) = decide::back_off(
+            group,
+            backoff.get(group).copied(),
+            refused,
+            now,
+            &self.settings,
+        ) {
+            backoff.insert(
+                group.to_string(),
+                Backoff {
+                    failures,
+                    last_failure: Some(now),
+                    until: Some(until),
+                },
+            );
         }
         created
     }

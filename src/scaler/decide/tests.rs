@@ -305,6 +305,45 @@ fn scale_from_zero_uses_the_capacity_template() {
     );
 }
 
+/// The architecture of a new node is the group's (its labels, or a node of it), not amd64 for
+/// every group.
+#[test]
+fn scale_from_zero_takes_the_architecture_from_the_group() {
+    const ARCH: &str = "kubernetes.io/arch";
+    let mut arm = group("arm", 0, 3);
+    arm.labels.insert(ARCH.into(), "arm64".into());
+    let s = settings(vec![group("unsaid", 0, 3), arm]);
+    let wants = |arch: &str| {
+        let mut p = pod(&format!("wants-{arch}"), 500, 1);
+        p.node_selector.insert(ARCH.into(), arch.into());
+        Snapshot {
+            pods: vec![p],
+            ..Snapshot::default()
+        }
+    };
+    let a = decide(&wants("arm64"), t0(), &s);
+    assert_eq!(
+        scale_ups(&a),
+        vec![("arm".into(), 1, ScaleUpReason::PendingPods)]
+    );
+    // No group says amd64, and none has a node to copy it from: nothing is created for it.
+    let a = decide(&wants("amd64"), t0(), &s);
+    assert!(scale_ups(&a).is_empty(), "{a:?}");
+    assert!(
+        no_scale_up(&a)[0].contains("unsaid: node selector or affinity does not match"),
+        "{a:?}"
+    );
+    // Once the group has a ready node, its labels are the template's.
+    let mut snap = wants("amd64");
+    member(&mut snap, "u1", "unsaid");
+    snap.nodes[0].labels.insert(ARCH.into(), "amd64".into());
+    snap.pods.push(on(pod("fills-u1", 3900, 1), "u1"));
+    assert_eq!(
+        scale_ups(&decide(&snap, t0(), &s)),
+        vec![("unsaid".into(), 1, ScaleUpReason::PendingPods)]
+    );
+}
+
 fn req(key: &str, op: &str, values: &[&str]) -> Requirement {
     Requirement {
         key: key.into(),
@@ -1199,5 +1238,35 @@ fn a_failed_scale_down_is_not_repeated_until_something_changed() {
         f(&mut snap);
         let got = scale_downs(&decide(&snap, t0(), &s));
         assert_eq!(got.contains(&"a".to_string()), picked, "{what}: {got:?}");
+    }
+}
+
+/// The back-off rule the executor applies to refused creates is decide's: nothing for no
+/// refusal, otherwise the failures add up and the wait doubles from `backoff_initial` (5 min)
+/// up to `backoff_max` (30 min).
+#[test]
+fn refused_creates_back_off_by_decides_rule() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let prev = |failures| Backoff {
+        failures,
+        last_failure: Some(at(-1)),
+        until: Some(at(-1)),
+    };
+    let cases = [
+        (None, 0, None),
+        (Some(prev(3)), 0, None),
+        (None, 1, Some((1, at(5)))),
+        (None, 2, Some((2, at(10)))),
+        (Some(prev(2)), 1, Some((3, at(20)))),
+        (Some(prev(9)), 1, Some((10, at(30)))),
+    ];
+    for (before, refused, want) in cases {
+        let got = back_off("web", before, refused, t0(), &s);
+        let want = want.map(|(failures, until)| Action::BackOff {
+            group: "web".into(),
+            failures,
+            until,
+        });
+        assert_eq!(got, want, "{before:?} + {refused}");
     }
 }
