@@ -9,8 +9,14 @@
 //! expander. Scale-down simulates moving every pod of an under-used node onto the other nodes;
 //! the node is removed only after it stayed unneeded for `scale_down_unneeded_time`, a time kept
 //! in the node's annotation so a restarted scaler picks up where the last one stopped.
+//!
+//! [`decide`] runs four phases in order — `repair`, `scale_up`, `min_and_standby`, `scale_down`
+//! — each a function of the indexed snapshot (`Context`) and the plan the earlier phases left
+//! (`Plan`: group sizes, back-off, machines planned, where pods can go), tested on its own as
+//! well as through `decide`. Back-off is decided here only: [`back_off`] is the rule, for
+//! repaired machines and for the refused creates the executor reports back.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use jiff::{SignedDuration, Timestamp};
@@ -474,37 +480,127 @@ fn share(used: i64, total: i64) -> f64 {
     }
 }
 
-/// Decides what to do. See the module documentation.
-pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action> {
-    let mut actions = Vec::new();
-    let states = group_states(snap, now, s);
-    let groups: HashMap<&str, usize> = s
-        .groups
-        .iter()
-        .enumerate()
-        .map(|(i, g)| (g.name.as_str(), i))
-        .collect();
-    let node_by_name: HashMap<&str, &NodeView> =
-        snap.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-    let machine_by_host: HashMap<&str, &MachineView> = snap
-        .machines
-        .iter()
-        .map(|m| (m.hostname.as_str(), m))
-        .collect();
-    let mut pods_on: HashMap<&str, Vec<&PodView>> = HashMap::new();
-    for p in &snap.pods {
-        if let Some(n) = &p.node {
-            pods_on.entry(n.as_str()).or_default().push(p);
+/// The snapshot indexed once, for every phase.
+struct Context<'a> {
+    snap: &'a Snapshot,
+    now: Timestamp,
+    s: &'a ScalerSettings,
+    groups: HashMap<&'a str, usize>,
+    node_by_name: HashMap<&'a str, &'a NodeView>,
+    machine_by_host: HashMap<&'a str, &'a MachineView>,
+    pods_on: HashMap<&'a str, Vec<&'a PodView>>,
+    /// What one new node of each group looks like.
+    templates: Vec<Template>,
+}
+
+impl<'a> Context<'a> {
+    fn new(snap: &'a Snapshot, now: Timestamp, s: &'a ScalerSettings) -> Self {
+        let mut pods_on: HashMap<&str, Vec<&PodView>> = HashMap::new();
+        for p in &snap.pods {
+            if let Some(n) = &p.node {
+                pods_on.entry(n.as_str()).or_default().push(p);
+            }
+        }
+        Self {
+            snap,
+            now,
+            s,
+            groups: s
+                .groups
+                .iter()
+                .enumerate()
+                .map(|(i, g)| (g.name.as_str(), i))
+                .collect(),
+            node_by_name: snap.nodes.iter().map(|n| (n.name.as_str(), n)).collect(),
+            machine_by_host: snap
+                .machines
+                .iter()
+                .map(|m| (m.hostname.as_str(), m))
+                .collect(),
+            templates: s
+                .groups
+                .iter()
+                .map(|g| template(g, snap, &pods_on))
+                .collect(),
+            pods_on,
         }
     }
-    let mut size: Vec<u32> = s
-        .groups
-        .iter()
-        .map(|g| states.get(&g.name).map_or(0, |st| st.size))
-        .collect();
 
-    // --- Repair: machines that never became nodes, nodes that never became ready or stopped being.
-    let mut repaired: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    /// Holds no pods but DaemonSet and mirror pods.
+    fn empty(&self, n: &NodeView) -> bool {
+        self.pods_on
+            .get(n.name.as_str())
+            .is_none_or(|ps| ps.iter().all(|p| p.daemon()))
+    }
+}
+
+/// The decision so far, handed from phase to phase.
+struct Plan<'a> {
+    actions: Vec<Action>,
+    /// Members per group, less what the earlier phases remove.
+    size: Vec<u32>,
+    /// Groups that may not grow in this pass.
+    backing_off: Vec<bool>,
+    /// Hostnames of the machines being repaired.
+    repaired: HashSet<&'a str>,
+    /// New machines planned per group.
+    planned: Vec<u32>,
+    /// Where pending pods can go: usable nodes, then machines still registering.
+    bins: Vec<Bin<'a>>,
+    /// Each bin's group.
+    bin_group: Vec<Option<usize>>,
+    /// Each node bin's lasting taints (what pods meet once it is up).
+    startup_free: Vec<Vec<TaintView>>,
+}
+
+impl Plan<'_> {
+    fn new(cx: &Context<'_>) -> Self {
+        let states = group_states(cx.snap, cx.now, cx.s);
+        let state = |g: &GroupSettings| states.get(&g.name).cloned().unwrap_or_default();
+        Self {
+            actions: Vec::new(),
+            size: cx.s.groups.iter().map(|g| state(g).size).collect(),
+            backing_off: cx.s.groups.iter().map(|g| state(g).backing_off).collect(),
+            repaired: HashSet::new(),
+            planned: vec![0; cx.s.groups.len()],
+            bins: Vec::new(),
+            bin_group: Vec::new(),
+            startup_free: Vec::new(),
+        }
+    }
+}
+
+/// How many more machines group `gi` may get.
+fn headroom(s: &ScalerSettings, gi: usize, planned: &[u32], size: &[u32]) -> u32 {
+    s.groups[gi].max.saturating_sub(size[gi] + planned[gi])
+}
+
+/// Decides what to do, in four phases that each read the snapshot and the plan so far. See the
+/// module documentation.
+pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action> {
+    let cx = Context::new(snap, now, s);
+    let mut plan = Plan::new(&cx);
+    repair(&cx, &mut plan);
+    scale_up(&cx, &mut plan);
+    min_and_standby(&cx, &mut plan);
+    if s.scale_down_enabled {
+        scale_down(&cx, &mut plan);
+    }
+    plan.actions
+}
+
+/// Repair: machines that never became nodes, nodes that never became ready or stopped being;
+/// the back-off their failures cause, and the back-off a recovered group no longer needs.
+fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
+    let (snap, now, s) = (cx.snap, cx.now, cx.s);
+    let (groups, node_by_name) = (&cx.groups, &cx.node_by_name);
+    let Plan {
+        actions,
+        size,
+        backing_off,
+        repaired,
+        ..
+    } = plan;
     let mut failures: BTreeMap<&str, u32> = BTreeMap::new();
     for m in &snap.machines {
         let Some(&gi) = groups.get(m.group.as_str()) else {
@@ -540,11 +636,6 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             });
         }
     }
-    let mut backing_off: Vec<bool> = s
-        .groups
-        .iter()
-        .map(|g| states.get(&g.name).is_some_and(|st| st.backing_off))
-        .collect();
     for (group, n) in &failures {
         if let Some(&gi) = groups.get(group) {
             backing_off[gi] = true;
@@ -581,16 +672,24 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             });
         }
     }
+}
 
-    // --- Scale-up: where pending pods can go.
-    let templates: Vec<Template> = s
-        .groups
-        .iter()
-        .map(|g| template(g, snap, &pods_on))
-        .collect();
-    let mut bins: Vec<Bin<'_>> = Vec::new();
-    let mut bin_group: Vec<Option<usize>> = Vec::new();
-    let mut startup_free: Vec<Vec<TaintView>> = Vec::new();
+/// Scale-up: pack the pending pods onto free room, booting nodes and registering machines, then
+/// onto new nodes of the groups the expander chooses; say why for each pod left over.
+fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
+    let (snap, now, s) = (cx.snap, cx.now, cx.s);
+    let (groups, node_by_name, pods_on, templates) =
+        (&cx.groups, &cx.node_by_name, &cx.pods_on, &cx.templates);
+    let Plan {
+        actions,
+        size,
+        backing_off,
+        repaired,
+        planned,
+        bins,
+        bin_group,
+        startup_free,
+    } = plan;
     for n in &snap.nodes {
         if repaired.contains(n.name.as_str()) || n.scale_down_in_progress {
             continue;
@@ -655,10 +754,6 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         }
     }
 
-    let mut planned: Vec<u32> = vec![0; s.groups.len()];
-    let headroom = |gi: usize, planned: &[u32], size: &[u32]| {
-        s.groups[gi].max.saturating_sub(size[gi] + planned[gi])
-    };
     // Which pods each group's template can ever take (selector, affinity, taints, size).
     let fits_template: Vec<Vec<bool>> = templates
         .iter()
@@ -685,7 +780,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
     loop {
         let mut options: Vec<Expansion> = Vec::new();
         for (gi, t) in templates.iter().enumerate() {
-            let room = headroom(gi, &planned, &size);
+            let room = headroom(s, gi, planned, size);
             if room == 0 || backing_off[gi] {
                 continue;
             }
@@ -774,7 +869,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
                 "requests more than a new node offers"
             } else if backing_off[gi] {
                 "backing off after failed machines"
-            } else if headroom(gi, &planned, &size) == 0 {
+            } else if headroom(s, gi, planned, size) == 0 {
                 "at max size"
             } else {
                 "no room left in this pass"
@@ -791,13 +886,20 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             reason,
         });
     }
+}
 
-    // --- min and standby.
-    let empty = |n: &NodeView| {
-        pods_on
-            .get(n.name.as_str())
-            .is_none_or(|ps| ps.iter().all(|p| p.daemon()))
-    };
+/// Groups below `min`, or with fewer empty nodes (or machines coming) than `standby`, grow.
+fn min_and_standby(cx: &Context<'_>, plan: &mut Plan<'_>) {
+    let (s, node_by_name) = (cx.s, &cx.node_by_name);
+    let Plan {
+        actions,
+        size,
+        backing_off,
+        planned,
+        bins,
+        bin_group,
+        ..
+    } = plan;
     let mut standby_nodes: Vec<u32> = vec![0; s.groups.len()];
     for (i, b) in bins.iter().enumerate() {
         let Some(gi) = bin_group[i] else { continue };
@@ -808,7 +910,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         let available = b.name.is_empty()
             || node_by_name
                 .get(b.name)
-                .is_some_and(|n| !n.unschedulable && empty(n));
+                .is_some_and(|n| !n.unschedulable && cx.empty(n));
         if available {
             standby_nodes[gi] += 1;
         }
@@ -825,7 +927,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         } else {
             continue;
         };
-        let count = want.min(headroom(gi, &planned, &size));
+        let count = want.min(headroom(s, gi, planned, size));
         if count > 0 {
             planned[gi] += count;
             actions.push(Action::ScaleUp {
@@ -836,15 +938,31 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             });
         }
     }
+}
 
-    // --- Scale-down.
-    if !s.scale_down_enabled {
-        return actions;
-    }
+/// Scale-down: finish scale-downs in progress, find the nodes whose pods could all leave now
+/// (room elsewhere, budgets), count their unneeded time, and remove those past it.
+fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
+    let (snap, now, s) = (cx.snap, cx.now, cx.s);
+    let (groups, node_by_name, machine_by_host, pods_on) = (
+        &cx.groups,
+        &cx.node_by_name,
+        &cx.machine_by_host,
+        &cx.pods_on,
+    );
+    let Plan {
+        actions,
+        size,
+        repaired,
+        planned,
+        bins,
+        startup_free,
+        ..
+    } = plan;
     let scaling_up = planned.iter().any(|&p| p > 0);
     let mut free_after: HashMap<&str, Resources> = HashMap::new();
     let mut claimed_nodes: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    for b in &bins {
+    for b in bins.iter() {
         if !b.name.is_empty() {
             free_after.insert(b.name, b.free.clone());
             if b.claimed {
@@ -890,7 +1008,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
                 group: s.groups[gi].name.clone(),
                 node: n.name.clone(),
                 machine: machine.id.clone(),
-                empty: empty(n),
+                empty: cx.empty(n),
             });
             size[gi] = size[gi].saturating_sub(1);
             continue;
@@ -1071,7 +1189,6 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             });
         }
     }
-    actions
 }
 
 #[cfg(test)]

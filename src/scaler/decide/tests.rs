@@ -1270,3 +1270,121 @@ fn refused_creates_back_off_by_decides_rule() {
         assert_eq!(got, want, "{before:?} + {refused}");
     }
 }
+
+/// Each phase on its own, from a plan an earlier phase might have left.
+mod phases {
+    use super::*;
+    // The phase, not the test of the same name above.
+    use crate::scaler::decide::min_and_standby;
+
+    fn kinds(actions: &[Action]) -> Vec<&'static str> {
+        actions
+            .iter()
+            .map(|a| match a {
+                Action::ScaleUp { .. } => "ScaleUp",
+                Action::NoScaleUp { .. } => "NoScaleUp",
+                Action::MarkUnneeded { .. } => "MarkUnneeded",
+                Action::ClearUnneeded { .. } => "ClearUnneeded",
+                Action::ScaleDown { .. } => "ScaleDown",
+                Action::Repair { .. } => "Repair",
+                Action::BackOff { .. } => "BackOff",
+                Action::DeleteNode { .. } => "DeleteNode",
+                Action::ClearBackOff { .. } => "ClearBackOff",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn repair_shrinks_the_group_and_backs_it_off() {
+        let s = settings(vec![group("web", 0, 10)]);
+        let mut snap = Snapshot::default();
+        member(&mut snap, "ok", "web");
+        snap.machines.push(machine("ghost", "web", t0()));
+        let cx = Context::new(&snap, at(10), &s);
+        let mut plan = Plan::new(&cx);
+        assert_eq!(plan.size, [2]);
+        repair(&cx, &mut plan);
+        assert_eq!(kinds(&plan.actions), ["Repair", "BackOff"]);
+        assert_eq!(plan.size, [1], "the repaired machine no longer counts");
+        assert!(plan.repaired.contains("ghost"));
+        assert_eq!(plan.backing_off, [true]);
+    }
+
+    #[test]
+    fn scale_up_honours_the_back_off_it_is_handed() {
+        let s = settings(vec![group("web", 0, 10)]);
+        let mut snap = Snapshot::default();
+        snap.pods.push(pod("p", 1000, 1));
+        let cx = Context::new(&snap, t0(), &s);
+        let mut plan = Plan::new(&cx);
+        scale_up(&cx, &mut plan);
+        assert_eq!(kinds(&plan.actions), ["ScaleUp"]);
+        assert_eq!(plan.planned, [1]);
+        let mut plan = Plan::new(&cx);
+        plan.backing_off[0] = true;
+        scale_up(&cx, &mut plan);
+        assert_eq!(kinds(&plan.actions), ["NoScaleUp"]);
+        assert!(
+            no_scale_up(&plan.actions)[0].contains("backing off"),
+            "{:?}",
+            plan.actions
+        );
+        assert_eq!(plan.planned, [0]);
+    }
+
+    #[test]
+    fn scale_up_fills_the_bins_later_phases_use() {
+        let s = settings(vec![group("web", 0, 10)]);
+        let mut snap = Snapshot::default();
+        member(&mut snap, "a", "web");
+        snap.machines.push(machine("coming", "web", t0()));
+        snap.pods.push(pod("p", 1000, 1));
+        let cx = Context::new(&snap, t0(), &s);
+        let mut plan = Plan::new(&cx);
+        scale_up(&cx, &mut plan);
+        assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+        let bins: Vec<(&str, bool)> = plan.bins.iter().map(|b| (b.name, b.claimed)).collect();
+        assert_eq!(
+            bins,
+            [("a", true), ("", false)],
+            "the node, then the machine"
+        );
+        assert_eq!(plan.bin_group, [Some(0), Some(0)]);
+    }
+
+    #[test]
+    fn min_counts_what_scale_up_planned() {
+        let s = settings(vec![group("web", 3, 10)]);
+        let snap = Snapshot::default();
+        let cx = Context::new(&snap, t0(), &s);
+        let mut plan = Plan::new(&cx);
+        plan.planned[0] = 2;
+        min_and_standby(&cx, &mut plan);
+        assert_eq!(
+            scale_ups(&plan.actions),
+            vec![("web".into(), 1, ScaleUpReason::BelowMin)]
+        );
+        assert_eq!(plan.planned, [3]);
+        let mut plan = Plan::new(&cx);
+        plan.backing_off[0] = true;
+        min_and_standby(&cx, &mut plan);
+        assert!(plan.actions.is_empty(), "no growth while backing off");
+    }
+
+    #[test]
+    fn scale_down_waits_while_the_plan_grows() {
+        let s = settings(vec![group("web", 0, 10)]);
+        let mut snap = Snapshot::default();
+        member(&mut snap, "idle", "web");
+        snap.nodes[0].unneeded_since = Some(at(-60));
+        let cx = Context::new(&snap, t0(), &s);
+        let mut plan = Plan::new(&cx);
+        scale_down(&cx, &mut plan);
+        assert_eq!(scale_downs(&plan.actions), ["idle"]);
+        assert_eq!(plan.size, [0]);
+        let mut plan = Plan::new(&cx);
+        plan.planned[0] = 1;
+        scale_down(&cx, &mut plan);
+        assert!(scale_downs(&plan.actions).is_empty(), "{:?}", plan.actions);
+    }
+}
