@@ -242,6 +242,7 @@ fn last_pass(env: &Env) -> Option<jiff::Timestamp> {
         .as_str()?
         .lines()
         .find_map(|l| l.strip_prefix("time: "))?
+        .trim_matches(['"', '\''])
         .parse()
         .ok()
 }

@@ -956,29 +956,45 @@ impl<P: Provider + 'static> Inner<P> {
         pending: usize,
         actions: &[Action],
     ) {
-        let mut text = format!(
-            "time: {now}\nleader: {}\npending_unschedulable_pods: {pending}\ngroups:\n",
-            self.opts.identity
-        );
-        for g in &self.settings.groups {
-            let st = states.get(&g.name).cloned().unwrap_or_default();
-            let until = backoff
-                .get(&g.name)
-                .and_then(|b| b.until)
-                .map_or("-".to_string(), |u| u.to_string());
-            text.push_str(&format!(
-                "  {}: {{size: {}, ready: {}, booting: {}, registering: {}, min: {}, max: {}, backoff_until: {until}}}\n",
-                g.name, st.size, st.ready, st.booting, st.registering, g.min, g.max
-            ));
-        }
-        text.push_str("last_actions:\n");
-        for a in actions
-            .iter()
-            .filter(|a| !matches!(a, Action::NoScaleUp { .. }))
-            .take(STATUS_ACTIONS)
-        {
-            text.push_str(&format!("  - {a:?}\n"));
-        }
+        let doc = StatusDoc {
+            time: now.to_string(),
+            leader: &self.opts.identity,
+            pending_unschedulable_pods: pending,
+            groups: self
+                .settings
+                .groups
+                .iter()
+                .map(|g| {
+                    let st = states.get(&g.name).cloned().unwrap_or_default();
+                    let status = GroupStatus {
+                        size: st.size,
+                        ready: st.ready,
+                        booting: st.booting,
+                        registering: st.registering,
+                        min: g.min,
+                        max: g.max,
+                        backoff_until: backoff
+                            .get(&g.name)
+                            .and_then(|b| b.until)
+                            .map(|u| u.to_string()),
+                    };
+                    (g.name.as_str(), status)
+                })
+                .collect(),
+            last_actions: actions
+                .iter()
+                .filter(|a| !matches!(a, Action::NoScaleUp { .. }))
+                .take(STATUS_ACTIONS)
+                .map(|a| format!("{a:?}"))
+                .collect(),
+        };
+        let text = match serde_norway::to_string(&doc) {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(error = %e, "cannot write the status as YAML");
+                return;
+            }
+        };
         let data = json!({
             "status": text,
             "backoff": serde_json::to_string(backoff).unwrap_or_default(),
@@ -1012,6 +1028,28 @@ impl<P: Provider + 'static> Inner<P> {
             Err(e) => warn!(error = %e, "cannot write the status ConfigMap"),
         }
     }
+}
+
+/// The status ConfigMap's `status` key, as YAML.
+#[derive(Debug, serde::Serialize)]
+struct StatusDoc<'a> {
+    time: String,
+    leader: &'a str,
+    pending_unschedulable_pods: usize,
+    groups: BTreeMap<&'a str, GroupStatus>,
+    last_actions: Vec<String>,
+}
+
+/// One group in [`StatusDoc`].
+#[derive(Debug, serde::Serialize)]
+struct GroupStatus {
+    size: u32,
+    ready: u32,
+    booting: u32,
+    registering: u32,
+    min: u32,
+    max: u32,
+    backoff_until: Option<String>,
 }
 
 fn log_action(a: &Action, dry_run: bool) {
@@ -1058,5 +1096,52 @@ fn log_action(a: &Action, dry_run: bool) {
         Action::DeleteNode { group, node } => {
             info!(dry_run, group, node, "decision: delete a left-behind Node")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status is YAML a reader can parse whatever the identity or the actions contain (the
+    /// format!-built text broke on a `: ` or a `#` in them).
+    #[test]
+    fn status_is_yaml_that_parses_back() {
+        let doc = StatusDoc {
+            time: "2026-01-01T00:00:00Z".into(),
+            leader: "pod-1: #odd 'identity'",
+            pending_unschedulable_pods: 3,
+            groups: BTreeMap::from([(
+                "web",
+                GroupStatus {
+                    size: 2,
+                    ready: 1,
+                    booting: 1,
+                    registering: 0,
+                    min: 0,
+                    max: 5,
+                    backoff_until: None,
+                },
+            )]),
+            last_actions: vec![format!(
+                "{:?}",
+                Action::ClearUnneeded {
+                    node: "n: #1".into()
+                }
+            )],
+        };
+        let text = serde_norway::to_string(&doc).expect("serialises");
+        let back: serde_json::Value = serde_norway::from_str(&text).expect("parses back");
+        assert_eq!(back["leader"], "pod-1: #odd 'identity'", "{text}");
+        assert_eq!(back["pending_unschedulable_pods"], 3);
+        assert_eq!(back["groups"]["web"]["size"], 2);
+        assert_eq!(
+            back["groups"]["web"]["backoff_until"],
+            serde_json::Value::Null
+        );
+        assert_eq!(
+            back["last_actions"][0], "ClearUnneeded { node: \"n: #1\" }",
+            "{text}"
+        );
     }
 }
