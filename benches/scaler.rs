@@ -90,6 +90,7 @@ fn snapshot() -> Snapshot {
             unneeded_since: None,
             scale_down_disabled: false,
             not_ready_in_time: false,
+            scale_down_failed: None,
         });
         snap.machines.push(MachineView {
             id: format!("{i}"),
@@ -101,6 +102,7 @@ fn snapshot() -> Snapshot {
     let pod = |name: String, node: Option<String>, cpu: i64, selector: Option<String>| PodView {
         namespace: "default".into(),
         uid: name.clone(),
+        labels: BTreeMap::new(),
         name,
         unschedulable: node.is_none(),
         node,

@@ -233,6 +233,104 @@ async fn pending_pods_get_machines_then_idle_nodes_go() {
     scaler.abort();
 }
 
+/// The scaler's own clock at its last pass, from the status ConfigMap it writes every pass.
+fn last_pass(env: &Env) -> Option<jiff::Timestamp> {
+    let status = env
+        .kube
+        .get("configmaps", Some("kube-system"), "nodeward-scaler-status")?;
+    status["data"]["status"]
+        .as_str()?
+        .lines()
+        .find_map(|l| l.strip_prefix("time: "))?
+        .trim_matches(['"', '\''])
+        .parse()
+        .ok()
+}
+
+/// A node whose pods a PodDisruptionBudget keeps is not drained (before, the scaler drained it,
+/// the drain timed out against the budget, the node was uncordoned, and so on every unneeded
+/// time); once the budget allows one disruption, exactly one node goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_keeps_its_pods_node_until_it_allows_the_move() {
+    let env = env(|_| {}).await;
+    let _sim = env.simulate(SimOptions::default());
+    let scaler = env.spawn("replica-a").await;
+    for i in 0..4 {
+        env.pod(&format!("load-{i}"), "1500m");
+    }
+    wait_for("all pods running", Duration::from_secs(20), || {
+        env.running_pods() == 4
+    })
+    .await;
+    assert_eq!(env.servers().len(), 2, "two pods per node");
+    env.kube
+        .create(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "load", "namespace": "default"},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "load"}}}
+        }))
+        .expect("budget");
+    // One pod leaves each node: both nodes are now a quarter used and one could take the
+    // other's pod, but the budget (two left, two must stay) allows no eviction.
+    let mut seen = std::collections::BTreeSet::new();
+    for p in env.kube.list("pods", Some("default")) {
+        let node = p["spec"]["nodeName"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if seen.insert(node) {
+            let name = p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            env.kube
+                .delete_with_grace("pods", Some("default"), &name, Some(0))
+                .expect("delete pod");
+        }
+    }
+    assert_eq!(env.running_pods(), 2);
+    // Long enough for a mark and the 1 s unneeded time, then a few more passes.
+    let after = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(4);
+    wait_for(
+        "passes past the unneeded time",
+        Duration::from_secs(20),
+        || last_pass(&env).is_some_and(|t| t > after),
+    )
+    .await;
+    assert!(
+        !env.event_reasons("Node").iter().any(|r| r == "ScaleDown"),
+        "no drain against a closed budget: {:?}",
+        env.event_reasons("Node")
+    );
+    for n in env.kube.list("nodes", None) {
+        assert_ne!(n["spec"]["unschedulable"], true, "never cordoned: {n}");
+    }
+    assert_eq!(env.servers().len(), 2);
+    // The budget opens for one pod: one node is drained and deleted, the other stays.
+    env.kube
+        .modify(
+            "poddisruptionbudgets.policy",
+            Some("default"),
+            "load",
+            |b| {
+                b["spec"]["minAvailable"] = json!(1);
+            },
+        )
+        .expect("budget opens");
+    wait_for("one machine deleted", Duration::from_secs(30), || {
+        env.servers().len() == 1 && env.group_nodes().len() == 1
+    })
+    .await;
+    assert!(
+        !env.event_reasons("Node")
+            .iter()
+            .any(|r| r == "ScaleDownFailed"),
+        "{:?}",
+        env.event_reasons("Node")
+    );
+    scaler.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_that_never_boots_is_deleted_and_the_group_backs_off() {
     let env = env(|s| {
@@ -272,6 +370,41 @@ async fn a_machine_that_never_boots_is_deleted_and_the_group_backs_off() {
         env.servers().len() + env.cherry.deleted().len() > created_before
     })
     .await;
+    scaler.abort();
+}
+
+/// A create the provider refuses for good (4xx, e.g. quota) puts the group into back-off by
+/// decide's rule; after it, the group tries again and the pod runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_create_backs_the_group_off() {
+    let env = env(|s| s.scaler.backoff_initial = Duration::from_secs(2)).await;
+    let _sim = env.simulate(SimOptions::default());
+    env.cherry.add_fault(Fault {
+        method: Some("POST".into()),
+        path_contains: "/servers".into(),
+        status: 422,
+        count: 1,
+    });
+    let scaler = env.spawn("replica-a").await;
+    env.pod("load-0", "500m");
+    let backoff = || {
+        env.kube
+            .get("configmaps", Some("kube-system"), "nodeward-scaler-status")
+            .and_then(|c| c["data"]["backoff"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    wait_for("the back-off recorded", Duration::from_secs(10), || {
+        backoff().contains("\"failures\":1")
+    })
+    .await;
+    assert!(env.servers().is_empty(), "the refused create made nothing");
+    wait_for(
+        "the pod running after the back-off",
+        Duration::from_secs(20),
+        || env.running_pods() == 1,
+    )
+    .await;
+    assert_eq!(env.servers().len(), 1);
     scaler.abort();
 }
 
@@ -474,6 +607,77 @@ async fn lease_is_held_by_one_identity_at_a_time() {
         winner.try_acquire().await.is_none(),
         "and the old holder follows"
     );
+    // The fence: only the holder, and only while the Lease is as its own last write left it.
+    loser.confirm().await.expect("the new holder may act");
+    assert!(matches!(
+        winner.confirm().await,
+        Err(nodeward::lease::FenceError::NotLeader)
+    ));
+    env.kube
+        .modify("leases", Some("kube-system"), "l", |l| {
+            l["spec"]["holderIdentity"] = json!("c");
+        })
+        .expect("lease taken");
+    assert!(matches!(
+        loser.confirm().await,
+        Err(nodeward::lease::FenceError::Superseded { holder: Some(h) }) if h == "c"
+    ));
+}
+
+/// The holder's deletes are fenced by the Lease itself, not by its local deadline: once another
+/// identity has written the Lease, a leader that still believes it leads (its next renewal is
+/// far off) drains but does not delete the machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_lease_was_taken_deletes_no_machine() {
+    let env = env(|s| {
+        // Renewals every 20 s: the test runs between two of them.
+        s.scaler.lease_duration = Duration::from_secs(60);
+    })
+    .await;
+    let _sim = env.simulate(SimOptions::default());
+    let scaler = env.scaler("replica-a", false).await;
+    let metrics = scaler.metrics();
+    let task = tokio::spawn(async move {
+        scaler
+            .run(std::future::pending())
+            .await
+            .expect("scaler runs");
+    });
+    env.pod("load-0", "1500m");
+    wait_for("pod running", Duration::from_secs(20), || {
+        env.running_pods() == 1
+    })
+    .await;
+    assert_eq!(env.servers().len(), 1);
+    // Another replica takes the Lease (as one whose clock says replica-a's renewal expired).
+    env.kube
+        .modify("leases", Some("kube-system"), "nodeward-scaler", |l| {
+            l["spec"]["holderIdentity"] = json!("replica-b");
+            l["spec"]["leaseTransitions"] = json!(1);
+        })
+        .expect("lease taken");
+    env.kube
+        .delete_with_grace("pods", Some("default"), "load-0", Some(0))
+        .expect("delete pod");
+    let fenced = || {
+        metrics
+            .failures
+            .get_or_create(&nodeward::scaler::metrics::failure("web", "fenced"))
+            .get()
+    };
+    wait_for(
+        "the scale-down to reach its delete",
+        Duration::from_secs(20),
+        || fenced() > 0 || !env.cherry.deleted().is_empty(),
+    )
+    .await;
+    assert!(
+        env.cherry.deleted().is_empty(),
+        "a replica that lost the Lease deleted {:?}",
+        env.cherry.deleted()
+    );
+    assert_eq!(env.servers().len(), 1, "the machine is still there");
+    task.abort();
 }
 
 /// The real binary at trace level: neither the provider token nor any bootstrap token (nor its

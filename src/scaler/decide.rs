@@ -9,13 +9,22 @@
 //! expander. Scale-down simulates moving every pod of an under-used node onto the other nodes;
 //! the node is removed only after it stayed unneeded for `scale_down_unneeded_time`, a time kept
 //! in the node's annotation so a restarted scaler picks up where the last one stopped.
+//!
+//! [`decide`] runs four phases in order — `repair`, `scale_up`, `min_and_standby`, `scale_down`
+//! — each a function of the indexed snapshot (`Context`) and the plan the earlier phases left
+//! (`Plan`: group sizes, back-off, machines planned, where pods can go), tested on its own as
+//! well as through `decide`. Back-off is decided here only: [`back_off`] is the rule, for
+//! repaired machines and for the refused creates the executor reports back.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::model::{Backoff, MachineView, NodeView, PodView, Requirement, Snapshot, TaintView};
+use super::model::{
+    Backoff, BudgetView, FNV_OFFSET, MachineView, NodeView, PodView, Requirement, SelectorView,
+    Snapshot, TaintView, fnv,
+};
 use super::resources::Resources;
 use crate::config::{Expander, GroupSettings, ScalerSettings};
 use crate::names::NODE_GROUP_LABEL;
@@ -238,6 +247,79 @@ fn requirement_matches(r: &Requirement, labels: &BTreeMap<String, String>, name:
     }
 }
 
+/// Whether a label selector selects a set of labels.
+pub fn selector_selects(sel: &SelectorView, labels: &BTreeMap<String, String>) -> bool {
+    sel.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+        && sel
+            .expressions
+            .iter()
+            .all(|r| !r.field && requirement_matches(r, labels, ""))
+}
+
+/// The budgets of a snapshot by namespace, so finding a pod's budgets does not scan them all.
+struct BudgetIndex<'a> {
+    budgets: &'a [BudgetView],
+    by_namespace: HashMap<&'a str, Vec<usize>>,
+}
+
+impl<'a> BudgetIndex<'a> {
+    fn new(budgets: &'a [BudgetView]) -> Self {
+        let mut by_namespace: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, b) in budgets.iter().enumerate() {
+            by_namespace
+                .entry(b.namespace.as_str())
+                .or_default()
+                .push(i);
+        }
+        Self {
+            budgets,
+            by_namespace,
+        }
+    }
+
+    /// Indices of the budgets that select the pod.
+    fn of(&self, p: &PodView) -> Vec<usize> {
+        self.by_namespace
+            .get(p.namespace.as_str())
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&i| {
+                self.budgets[i]
+                    .selector
+                    .as_ref()
+                    .is_some_and(|sel| selector_selects(sel, &p.labels))
+            })
+            .collect()
+    }
+}
+
+/// What [`SCALE_DOWN_FAILED`](super::model::SCALE_DOWN_FAILED) records when a scale-down drain
+/// fails: a hash of the node's evictable pods (by UID) and of the budgets that select them (name
+/// and `disruptionsAllowed`). The same pods under the same budgets give the same string, in
+/// whatever order they are listed; a pod that comes or goes, or a budget that opens or closes,
+/// gives another.
+pub fn scale_down_fingerprint(pods: &[&PodView], budgets: &[BudgetView]) -> String {
+    let index = BudgetIndex::new(budgets);
+    let mut parts: Vec<String> = Vec::new();
+    for p in pods.iter().filter(|p| !p.daemon()) {
+        parts.push(format!("pod {}", p.uid));
+        for i in index.of(p) {
+            let b = &budgets[i];
+            parts.push(format!(
+                "pdb {}/{} {}",
+                b.namespace, b.name, b.disruptions_allowed
+            ));
+        }
+    }
+    parts.sort();
+    parts.dedup();
+    let h = parts
+        .iter()
+        .fold(FNV_OFFSET, |h, part| fnv(b"\n", fnv(part.as_bytes(), h)));
+    format!("{h:016x}")
+}
+
 /// Whether the pod tolerates every NoSchedule/NoExecute taint.
 pub fn tolerates(pod: &PodView, taints: &[TaintView]) -> bool {
     taints
@@ -281,10 +363,10 @@ fn template(
     snap: &Snapshot,
     pods_on: &HashMap<&str, Vec<&PodView>>,
 ) -> Template {
-    let mut labels = BTreeMap::from([
-        ("kubernetes.io/os".to_string(), "linux".to_string()),
-        ("kubernetes.io/arch".to_string(), "amd64".to_string()),
-    ]);
+    // Every nodeward node runs Linux (the cloud-init templates are Linux's). The architecture is
+    // the plan's, which only the group knows: it comes from the group's `labels`
+    // (`kubernetes.io/arch`) or from a node of the group, never from a guess.
+    let mut labels = BTreeMap::from([("kubernetes.io/os".to_string(), "linux".to_string())]);
     if !g.plan.is_empty() {
         labels.insert("node.kubernetes.io/instance-type".into(), g.plan.clone());
     }
@@ -343,6 +425,32 @@ pub fn backoff_for(failures: u32, s: &ScalerSettings) -> std::time::Duration {
     s.backoff_initial.saturating_mul(factor).min(s.backoff_max)
 }
 
+/// The group's back-off after `failed` more failed machines at `now`, on top of `prev`; `None`
+/// when nothing failed. The one place the rule lives: for machines [`decide`] repairs and for
+/// creates the provider refused for good, which the executor reports back through it.
+pub fn back_off(
+    group: &str,
+    prev: Option<Backoff>,
+    failed: u32,
+    now: Timestamp,
+    s: &ScalerSettings,
+) -> Option<Action> {
+    if failed == 0 {
+        return None;
+    }
+    let failures = prev.unwrap_or_default().failures.saturating_add(failed);
+    let until = now
+        .checked_add(
+            SignedDuration::try_from(backoff_for(failures, s)).unwrap_or(SignedDuration::MAX),
+        )
+        .unwrap_or(Timestamp::MAX);
+    Some(Action::BackOff {
+        group: group.to_string(),
+        failures,
+        until,
+    })
+}
+
 /// A small deterministic generator (splitmix64) for the random expander, seeded from the input.
 struct SplitMix(u64);
 
@@ -354,15 +462,6 @@ impl SplitMix {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
-}
-
-/// FNV-1a, for the seed.
-fn fnv(bytes: &[u8], mut h: u64) -> u64 {
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01B3);
-    }
-    h
 }
 
 /// One group's simulated scale-up.
@@ -381,37 +480,127 @@ fn share(used: i64, total: i64) -> f64 {
     }
 }
 
-/// Decides what to do. See the module documentation.
-pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action> {
-    let mut actions = Vec::new();
-    let states = group_states(snap, now, s);
-    let groups: HashMap<&str, usize> = s
-        .groups
-        .iter()
-        .enumerate()
-        .map(|(i, g)| (g.name.as_str(), i))
-        .collect();
-    let node_by_name: HashMap<&str, &NodeView> =
-        snap.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-    let machine_by_host: HashMap<&str, &MachineView> = snap
-        .machines
-        .iter()
-        .map(|m| (m.hostname.as_str(), m))
-        .collect();
-    let mut pods_on: HashMap<&str, Vec<&PodView>> = HashMap::new();
-    for p in &snap.pods {
-        if let Some(n) = &p.node {
-            pods_on.entry(n.as_str()).or_default().push(p);
+/// The snapshot indexed once, for every phase.
+struct Context<'a> {
+    snap: &'a Snapshot,
+    now: Timestamp,
+    s: &'a ScalerSettings,
+    groups: HashMap<&'a str, usize>,
+    node_by_name: HashMap<&'a str, &'a NodeView>,
+    machine_by_host: HashMap<&'a str, &'a MachineView>,
+    pods_on: HashMap<&'a str, Vec<&'a PodView>>,
+    /// What one new node of each group looks like.
+    templates: Vec<Template>,
+}
+
+impl<'a> Context<'a> {
+    fn new(snap: &'a Snapshot, now: Timestamp, s: &'a ScalerSettings) -> Self {
+        let mut pods_on: HashMap<&str, Vec<&PodView>> = HashMap::new();
+        for p in &snap.pods {
+            if let Some(n) = &p.node {
+                pods_on.entry(n.as_str()).or_default().push(p);
+            }
+        }
+        Self {
+            snap,
+            now,
+            s,
+            groups: s
+                .groups
+                .iter()
+                .enumerate()
+                .map(|(i, g)| (g.name.as_str(), i))
+                .collect(),
+            node_by_name: snap.nodes.iter().map(|n| (n.name.as_str(), n)).collect(),
+            machine_by_host: snap
+                .machines
+                .iter()
+                .map(|m| (m.hostname.as_str(), m))
+                .collect(),
+            templates: s
+                .groups
+                .iter()
+                .map(|g| template(g, snap, &pods_on))
+                .collect(),
+            pods_on,
         }
     }
-    let mut size: Vec<u32> = s
-        .groups
-        .iter()
-        .map(|g| states.get(&g.name).map_or(0, |st| st.size))
-        .collect();
 
-    // --- Repair: machines that never became nodes, nodes that never became ready or stopped being.
-    let mut repaired: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    /// Holds no pods but DaemonSet and mirror pods.
+    fn empty(&self, n: &NodeView) -> bool {
+        self.pods_on
+            .get(n.name.as_str())
+            .is_none_or(|ps| ps.iter().all(|p| p.daemon()))
+    }
+}
+
+/// The decision so far, handed from phase to phase.
+struct Plan<'a> {
+    actions: Vec<Action>,
+    /// Members per group, less what the earlier phases remove.
+    size: Vec<u32>,
+    /// Groups that may not grow in this pass.
+    backing_off: Vec<bool>,
+    /// Hostnames of the machines being repaired.
+    repaired: HashSet<&'a str>,
+    /// New machines planned per group.
+    planned: Vec<u32>,
+    /// Where pending pods can go: usable nodes, then machines still registering.
+    bins: Vec<Bin<'a>>,
+    /// Each bin's group.
+    bin_group: Vec<Option<usize>>,
+    /// Each node bin's lasting taints (what pods meet once it is up).
+    startup_free: Vec<Vec<TaintView>>,
+}
+
+impl Plan<'_> {
+    fn new(cx: &Context<'_>) -> Self {
+        let states = group_states(cx.snap, cx.now, cx.s);
+        let state = |g: &GroupSettings| states.get(&g.name).cloned().unwrap_or_default();
+        Self {
+            actions: Vec::new(),
+            size: cx.s.groups.iter().map(|g| state(g).size).collect(),
+            backing_off: cx.s.groups.iter().map(|g| state(g).backing_off).collect(),
+            repaired: HashSet::new(),
+            planned: vec![0; cx.s.groups.len()],
+            bins: Vec::new(),
+            bin_group: Vec::new(),
+            startup_free: Vec::new(),
+        }
+    }
+}
+
+/// How many more machines group `gi` may get.
+fn headroom(s: &ScalerSettings, gi: usize, planned: &[u32], size: &[u32]) -> u32 {
+    s.groups[gi].max.saturating_sub(size[gi] + planned[gi])
+}
+
+/// Decides what to do, in four phases that each read the snapshot and the plan so far. See the
+/// module documentation.
+pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action> {
+    let cx = Context::new(snap, now, s);
+    let mut plan = Plan::new(&cx);
+    repair(&cx, &mut plan);
+    scale_up(&cx, &mut plan);
+    min_and_standby(&cx, &mut plan);
+    if s.scale_down_enabled {
+        scale_down(&cx, &mut plan);
+    }
+    plan.actions
+}
+
+/// Repair: machines that never became nodes, nodes that never became ready or stopped being;
+/// the back-off their failures cause, and the back-off a recovered group no longer needs.
+fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
+    let (snap, now, s) = (cx.snap, cx.now, cx.s);
+    let (groups, node_by_name) = (&cx.groups, &cx.node_by_name);
+    let Plan {
+        actions,
+        size,
+        backing_off,
+        repaired,
+        ..
+    } = plan;
     let mut failures: BTreeMap<&str, u32> = BTreeMap::new();
     for m in &snap.machines {
         let Some(&gi) = groups.get(m.group.as_str()) else {
@@ -447,27 +636,17 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             });
         }
     }
-    let mut backing_off: Vec<bool> = s
-        .groups
-        .iter()
-        .map(|g| states.get(&g.name).is_some_and(|st| st.backing_off))
-        .collect();
     for (group, n) in &failures {
-        let prev = snap.backoff.get(*group).copied().unwrap_or_default();
-        let total = prev.failures.saturating_add(*n);
-        let until = now
-            .checked_add(
-                SignedDuration::try_from(backoff_for(total, s)).unwrap_or(SignedDuration::MAX),
-            )
-            .unwrap_or(Timestamp::MAX);
         if let Some(&gi) = groups.get(group) {
             backing_off[gi] = true;
         }
-        actions.push(Action::BackOff {
-            group: group.to_string(),
-            failures: total,
-            until,
-        });
+        actions.extend(back_off(
+            group,
+            snap.backoff.get(*group).copied(),
+            *n,
+            now,
+            s,
+        ));
     }
     for (group, b) in &snap.backoff {
         let Backoff {
@@ -493,16 +672,24 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             });
         }
     }
+}
 
-    // --- Scale-up: where pending pods can go.
-    let templates: Vec<Template> = s
-        .groups
-        .iter()
-        .map(|g| template(g, snap, &pods_on))
-        .collect();
-    let mut bins: Vec<Bin<'_>> = Vec::new();
-    let mut bin_group: Vec<Option<usize>> = Vec::new();
-    let mut startup_free: Vec<Vec<TaintView>> = Vec::new();
+/// Scale-up: pack the pending pods onto free room, booting nodes and registering machines, then
+/// onto new nodes of the groups the expander chooses; say why for each pod left over.
+fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
+    let (snap, now, s) = (cx.snap, cx.now, cx.s);
+    let (groups, node_by_name, pods_on, templates) =
+        (&cx.groups, &cx.node_by_name, &cx.pods_on, &cx.templates);
+    let Plan {
+        actions,
+        size,
+        backing_off,
+        repaired,
+        planned,
+        bins,
+        bin_group,
+        startup_free,
+    } = plan;
     for n in &snap.nodes {
         if repaired.contains(n.name.as_str()) || n.scale_down_in_progress {
             continue;
@@ -567,10 +754,6 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         }
     }
 
-    let mut planned: Vec<u32> = vec![0; s.groups.len()];
-    let headroom = |gi: usize, planned: &[u32], size: &[u32]| {
-        s.groups[gi].max.saturating_sub(size[gi] + planned[gi])
-    };
     // Which pods each group's template can ever take (selector, affinity, taints, size).
     let fits_template: Vec<Vec<bool>> = templates
         .iter()
@@ -592,12 +775,12 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         &now.as_second().to_le_bytes(),
         unplaced
             .iter()
-            .fold(0xCBF2_9CE4_8422_2325, |h, p| fnv(p.uid.as_bytes(), h)),
+            .fold(FNV_OFFSET, |h, p| fnv(p.uid.as_bytes(), h)),
     ));
     loop {
         let mut options: Vec<Expansion> = Vec::new();
         for (gi, t) in templates.iter().enumerate() {
-            let room = headroom(gi, &planned, &size);
+            let room = headroom(s, gi, planned, size);
             if room == 0 || backing_off[gi] {
                 continue;
             }
@@ -686,7 +869,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
                 "requests more than a new node offers"
             } else if backing_off[gi] {
                 "backing off after failed machines"
-            } else if headroom(gi, &planned, &size) == 0 {
+            } else if headroom(s, gi, planned, size) == 0 {
                 "at max size"
             } else {
                 "no room left in this pass"
@@ -703,13 +886,20 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             reason,
         });
     }
+}
 
-    // --- min and standby.
-    let empty = |n: &NodeView| {
-        pods_on
-            .get(n.name.as_str())
-            .is_none_or(|ps| ps.iter().all(|p| p.daemon()))
-    };
+/// Groups below `min`, or with fewer empty nodes (or machines coming) than `standby`, grow.
+fn min_and_standby(cx: &Context<'_>, plan: &mut Plan<'_>) {
+    let (s, node_by_name) = (cx.s, &cx.node_by_name);
+    let Plan {
+        actions,
+        size,
+        backing_off,
+        planned,
+        bins,
+        bin_group,
+        ..
+    } = plan;
     let mut standby_nodes: Vec<u32> = vec![0; s.groups.len()];
     for (i, b) in bins.iter().enumerate() {
         let Some(gi) = bin_group[i] else { continue };
@@ -720,7 +910,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         let available = b.name.is_empty()
             || node_by_name
                 .get(b.name)
-                .is_some_and(|n| !n.unschedulable && empty(n));
+                .is_some_and(|n| !n.unschedulable && cx.empty(n));
         if available {
             standby_nodes[gi] += 1;
         }
@@ -737,7 +927,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         } else {
             continue;
         };
-        let count = want.min(headroom(gi, &planned, &size));
+        let count = want.min(headroom(s, gi, planned, size));
         if count > 0 {
             planned[gi] += count;
             actions.push(Action::ScaleUp {
@@ -748,15 +938,31 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             });
         }
     }
+}
 
-    // --- Scale-down.
-    if !s.scale_down_enabled {
-        return actions;
-    }
+/// Scale-down: finish scale-downs in progress, find the nodes whose pods could all leave now
+/// (room elsewhere, budgets), count their unneeded time, and remove those past it.
+fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
+    let (snap, now, s) = (cx.snap, cx.now, cx.s);
+    let (groups, node_by_name, machine_by_host, pods_on) = (
+        &cx.groups,
+        &cx.node_by_name,
+        &cx.machine_by_host,
+        &cx.pods_on,
+    );
+    let Plan {
+        actions,
+        size,
+        repaired,
+        planned,
+        bins,
+        startup_free,
+        ..
+    } = plan;
     let scaling_up = planned.iter().any(|&p| p > 0);
     let mut free_after: HashMap<&str, Resources> = HashMap::new();
     let mut claimed_nodes: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    for b in &bins {
+    for b in bins.iter() {
         if !b.name.is_empty() {
             free_after.insert(b.name, b.free.clone());
             if b.claimed {
@@ -770,7 +976,12 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         machine: &'a MachineView,
         utilisation: f64,
         movable: Vec<&'a PodView>,
+        /// One entry per evictable pod a budget selects: the disruptions its drain takes.
+        disruptions: Vec<usize>,
     }
+    let budgets = BudgetIndex::new(&snap.budgets);
+    // What each budget still allows after the nodes already chosen in this pass.
+    let mut allowed: Vec<i32> = snap.budgets.iter().map(|b| b.disruptions_allowed).collect();
     let mut candidates: Vec<Candidate<'_>> = Vec::new();
     let mut needed: Vec<&NodeView> = Vec::new();
     for n in &snap.nodes {
@@ -797,7 +1008,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
                 group: s.groups[gi].name.clone(),
                 node: n.name.clone(),
                 machine: machine.id.clone(),
-                empty: empty(n),
+                empty: cx.empty(n),
             });
             size[gi] = size[gi].saturating_sub(1);
             continue;
@@ -834,12 +1045,33 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             needed.push(n);
             continue;
         }
+        // A drain that failed here before, with the same pods under the same budgets, would
+        // fail again: wait for something to change.
+        if n.scale_down_failed.as_deref()
+            == Some(scale_down_fingerprint(pods, &snap.budgets).as_str())
+        {
+            needed.push(n);
+            continue;
+        }
+        let mut disruptions = Vec::new();
+        let mut evictable = true;
+        for p in &movable {
+            let of = budgets.of(p);
+            // The Eviction API refuses a pod that more than one budget selects.
+            evictable &= of.len() <= 1;
+            disruptions.extend(of);
+        }
+        if !evictable {
+            needed.push(n);
+            continue;
+        }
         candidates.push(Candidate {
             node: n,
             group: gi,
             machine,
             utilisation,
             movable,
+            disruptions,
         });
     }
     candidates.sort_by(|a, b| {
@@ -850,6 +1082,16 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
     let mut removed: std::collections::HashSet<&str> = std::collections::HashSet::new();
     let mut unneeded: Vec<&Candidate<'_>> = Vec::new();
     for c in &candidates {
+        // Every pod must be able to leave now: the budgets must allow all of this node's
+        // evictions on top of those of the nodes already chosen in this pass.
+        let mut need: BTreeMap<usize, i32> = BTreeMap::new();
+        for &b in &c.disruptions {
+            *need.entry(b).or_default() += 1;
+        }
+        if need.iter().any(|(&b, &n)| allowed[b] < n) {
+            needed.push(c.node);
+            continue;
+        }
         removed.insert(c.node.name.as_str());
         let mut overlay: HashMap<&str, Resources> = HashMap::new();
         let mut ok = true;
@@ -886,6 +1128,9 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
         }
         if ok {
             free_after.extend(overlay);
+            for (b, n) in need {
+                allowed[b] -= n;
+            }
             unneeded.push(c);
         } else {
             removed.remove(c.node.name.as_str());
@@ -944,7 +1189,6 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
             });
         }
     }
-    actions
 }
 
 #[cfg(test)]

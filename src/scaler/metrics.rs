@@ -1,10 +1,20 @@
-//! Prometheus metrics and the tiny HTTP server that serves them (`GET /metrics`, `GET /healthz`).
+//! Prometheus metrics and the small HTTP server that serves them (`GET /metrics`, `GET /healthz`).
 //!
-//! The server reads one request line per connection and answers with `Connection: close`: a
-//! scraper every 15 s needs nothing more, and it keeps a web framework out of the binary.
+//! The server is hyper's HTTP/1 connection handler (already in the binary for the kube client),
+//! one request per connection, with a deadline on the request head and on the whole connection,
+//! so a client that connects and sends nothing (or trickles) holds a task for seconds, not for
+//! ever.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -12,7 +22,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{debug, info, warn};
 
 /// Label set: `[("group", name)]` or `[("group", name), ("kind", what)]`.
@@ -30,7 +39,7 @@ pub struct Metrics {
     pub scale_ups: Family<Labels, Counter>,
     /// Nodes removed by scale-down.
     pub scale_downs: Family<Labels, Counter>,
-    /// Failures by group and kind (create, drain, delete, repair).
+    /// Failures by group and kind (create, drain, delete, repair, fenced).
     pub failures: Family<Labels, Counter>,
     /// Time decide took.
     pub decision_seconds: Histogram,
@@ -116,8 +125,26 @@ impl Metrics {
     }
 }
 
-/// Longest request head read.
-const REQUEST_MAX: usize = 8192;
+/// The request head must arrive within this: a scraper sends it at once.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A whole connection ends after this, however it is used: rendering the metrics takes
+/// milliseconds, and a scraper reads them at once.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn respond(metrics: &Metrics, path: &str) -> Response<String> {
+    let (status, body) = match path {
+        "/metrics" => (StatusCode::OK, metrics.render()),
+        "/healthz" => (StatusCode::OK, "ok\n".to_string()),
+        _ => (StatusCode::NOT_FOUND, "not found\n".to_string()),
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
+}
 
 /// Serves `/metrics` on `addr` until the task is dropped; returns the bound address.
 pub async fn serve(
@@ -129,38 +156,91 @@ pub async fn serve(
     info!(address = %bound, "serving metrics");
     let task = tokio::spawn(async move {
         loop {
-            let Ok((mut stream, peer)) = listener.accept().await else {
-                continue;
+            let (stream, peer) = match listener.accept().await {
+                Ok(pair) => pair,
+                Err(e) => {
+                    debug!(error = %e, "cannot accept a metrics connection");
+                    continue;
+                }
             };
             let metrics = metrics.clone();
             tokio::spawn(async move {
-                let mut buf = vec![0u8; REQUEST_MAX];
-                let mut len = 0;
-                while len < REQUEST_MAX {
-                    match stream.read(&mut buf[len..]).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => len += n,
-                    }
-                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let resp = respond(&metrics, req.uri().path());
+                    debug!(%peer, path = req.uri().path(), status = %resp.status(), "metrics request");
+                    std::future::ready(Ok::<_, Infallible>(resp))
+                });
+                let conn = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .keep_alive(false)
+                    .serve_connection(TokioIo::new(stream), service);
+                match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => debug!(%peer, error = %e, "metrics connection ended"),
+                    Err(_) => debug!(%peer, "metrics connection timed out"),
                 }
-                let head = String::from_utf8_lossy(&buf[..len]);
-                let path = head.split_whitespace().nth(1).unwrap_or("");
-                let (status, body) = match path {
-                    "/metrics" => ("200 OK", metrics.render()),
-                    "/healthz" => ("200 OK", "ok\n".to_string()),
-                    _ => ("404 Not Found", "not found\n".to_string()),
-                };
-                debug!(%peer, path, status, "metrics request");
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = stream.write_all(resp.as_bytes()).await;
-                let _ = stream.shutdown().await;
             });
         }
     });
     Ok((bound, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    async fn get(addr: SocketAddr, request: &[u8]) -> String {
+        let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        c.write_all(request).await.expect("send");
+        let mut buf = Vec::new();
+        c.read_to_end(&mut buf).await.expect("read");
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_health_and_404() {
+        let metrics = Arc::new(Metrics::default());
+        metrics.leader.set(1);
+        let (addr, task) = serve("127.0.0.1:0".parse().expect("addr"), metrics)
+            .await
+            .expect("bind");
+        let m = get(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(m.starts_with("HTTP/1.1 200 OK\r\n"), "{m}");
+        assert!(m.contains("nodeward_scaler_leader 1"), "{m}");
+        assert!(m.contains("text/plain; version=0.0.4"), "{m}");
+        let h = get(addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(
+            h.starts_with("HTTP/1.1 200 OK\r\n") && h.ends_with("ok\n"),
+            "{h}"
+        );
+        let n = get(addr, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(n.starts_with("HTTP/1.1 404 Not Found\r\n"), "{n}");
+        task.abort();
+    }
+
+    /// A client that connects and sends nothing is cut off after the head timeout (the raw
+    /// server this replaced waited for it for ever).
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_client_is_cut_off() {
+        let (addr, task) = serve(
+            "127.0.0.1:0".parse().expect("addr"),
+            Arc::new(Metrics::default()),
+        )
+        .await
+        .expect("bind");
+        let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let started = tokio::time::Instant::now();
+        let mut buf = Vec::new();
+        let closed = tokio::time::timeout(CONNECTION_TIMEOUT * 2, c.read_to_end(&mut buf)).await;
+        assert!(closed.is_ok(), "the server still holds a silent connection");
+        let waited = started.elapsed();
+        assert!(
+            (HEADER_READ_TIMEOUT..CONNECTION_TIMEOUT).contains(&waited),
+            "cut off after {waited:?}"
+        );
+        task.abort();
+    }
 }

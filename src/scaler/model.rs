@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, Toleration};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::resources::Resources;
 use crate::names::{NODE_GROUP_LABEL, STARTUP_TAINT_KEY};
@@ -14,6 +16,12 @@ use crate::names::{NODE_GROUP_LABEL, STARTUP_TAINT_KEY};
 pub const UNNEEDED_SINCE: &str = "nodeward.io/unneeded-since";
 /// An operator's opt-out from scale-down, as in cluster-autoscaler.
 pub const SCALE_DOWN_DISABLED: &str = "nodeward.io/scale-down-disabled";
+/// The fingerprint ([`scale_down_fingerprint`](super::decide::scale_down_fingerprint)) of a node's pods and budgets when its
+/// scale-down drain last failed and the node was given back: the node is not picked again until
+/// the fingerprint differs (a pod came or went, or a budget's `disruptionsAllowed` moved), so a
+/// budget that blocks the drain does not make the scaler drain, time out and uncordon the same
+/// node every unneeded-time.
+pub const SCALE_DOWN_FAILED: &str = "nodeward.io/scale-down-failed";
 /// A pod annotation that blocks (`"false"`) or allows (`"true"`) removing its node.
 pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
 /// The node lifecycle controller's taint on a node whose Ready condition is not True (also put
@@ -66,6 +74,8 @@ pub struct NodeView {
     pub scale_down_disabled: bool,
     /// The agent reported [`NOT_READY_IN_TIME`] for it.
     pub not_ready_in_time: bool,
+    /// [`SCALE_DOWN_FAILED`]: the fingerprint recorded when a scale-down drain last failed.
+    pub scale_down_failed: Option<String>,
 }
 
 impl NodeView {
@@ -115,6 +125,64 @@ pub struct Requirement {
     pub field: bool,
 }
 
+/// A label selector (`matchLabels` and `matchExpressions`, the expressions with the operators
+/// of [`Requirement`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SelectorView {
+    /// `matchLabels`.
+    pub labels: BTreeMap<String, String>,
+    /// `matchExpressions` (never `field`).
+    pub expressions: Vec<Requirement>,
+}
+
+impl SelectorView {
+    /// Converts a `LabelSelector`.
+    pub fn from_selector(s: &LabelSelector) -> Self {
+        Self {
+            labels: s.match_labels.clone().unwrap_or_default(),
+            expressions: s
+                .match_expressions
+                .iter()
+                .flatten()
+                .map(|e| Requirement {
+                    key: e.key.clone(),
+                    operator: e.operator.clone(),
+                    values: e.values.clone().unwrap_or_default(),
+                    field: false,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A PodDisruptionBudget, as scale-down needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetView {
+    /// Namespace: a budget selects pods of its own namespace only.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `spec.selector`; `None` (no selector) selects no pod, an empty one every pod of the
+    /// namespace, as in policy/v1.
+    pub selector: Option<SelectorView>,
+    /// `status.disruptionsAllowed`; 0 while the disruption controller has not computed it.
+    pub disruptions_allowed: i32,
+}
+
+/// Converts a PodDisruptionBudget.
+pub fn budget_view(b: &PodDisruptionBudget) -> BudgetView {
+    BudgetView {
+        namespace: b.metadata.namespace.clone().unwrap_or_default(),
+        name: b.metadata.name.clone().unwrap_or_default(),
+        selector: b
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .map(SelectorView::from_selector),
+        disruptions_allowed: b.status.as_ref().map_or(0, |s| s.disruptions_allowed),
+    }
+}
+
 /// A toleration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TolerationView {
@@ -137,6 +205,8 @@ pub struct PodView {
     pub name: String,
     /// UID (seeds the random expander).
     pub uid: String,
+    /// Labels (what budgets and pod affinity select).
+    pub labels: BTreeMap<String, String>,
     /// `spec.nodeName`.
     pub node: Option<String>,
     /// Effective requests (containers summed, init containers' max, overhead), pods = 1.
@@ -207,6 +277,21 @@ pub struct Snapshot {
     pub machines: Vec<MachineView>,
     /// Back-off per group.
     pub backoff: BTreeMap<String, Backoff>,
+    /// Every PodDisruptionBudget.
+    pub budgets: Vec<BudgetView>,
+}
+
+/// FNV-1a's offset basis.
+pub(super) const FNV_OFFSET: u64 = 0xCBF2_9CE4_8422_2325;
+
+/// FNV-1a: a stable hash (std's hasher is randomly seeded per process, and these values are
+/// compared across processes and restarts).
+pub(super) fn fnv(bytes: &[u8], mut h: u64) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01B3);
+    }
+    h
 }
 
 fn ts(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<Timestamp> {
@@ -258,6 +343,7 @@ pub fn node_view(node: &Node, not_ready_in_time: &BTreeSet<String>) -> NodeView 
         unneeded_since: annotations.get(UNNEEDED_SINCE).and_then(|s| s.parse().ok()),
         scale_down_disabled: annotations.get(SCALE_DOWN_DISABLED).map(String::as_str)
             == Some("true"),
+        scale_down_failed: annotations.get(SCALE_DOWN_FAILED).cloned(),
     }
 }
 
@@ -358,6 +444,7 @@ pub fn pod_view(pod: &Pod) -> Option<PodView> {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
         uid: pod.metadata.uid.clone().unwrap_or_default(),
+        labels: pod.metadata.labels.clone().unwrap_or_default(),
         node: spec.node_name.clone(),
         requests,
         node_selector: spec.node_selector.clone().unwrap_or_default(),

@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{EventType, Recorder};
 use serde_json::json;
@@ -22,7 +23,7 @@ use tracing::{debug, error, info, instrument, warn};
 
 use super::decide::{self, Action, GroupState, ScaleUpReason};
 use super::metrics::{self, Metrics};
-use super::model::{self, Backoff, NOT_READY_IN_TIME, Snapshot, UNNEEDED_SINCE};
+use super::model::{self, Backoff, NOT_READY_IN_TIME, SCALE_DOWN_FAILED, Snapshot, UNNEEDED_SINCE};
 use super::provider::{self, CLUSTER_TAG, CreateSpec, POOL_TAG, Provider};
 use super::{SCALE_DOWN_REASON, token};
 use crate::config::{GroupSettings, ScalerSettings, Settings};
@@ -86,6 +87,9 @@ pub enum Error {
         #[source]
         source: crate::render::Error,
     },
+    /// Another replica holds the Lease.
+    #[error("another replica holds the Lease")]
+    NotLeader,
     /// The metrics address could not be bound.
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics {
@@ -133,6 +137,7 @@ struct Inner<P> {
     recorder: Recorder,
     draining: Mutex<HashSet<String>>,
     leader_until: Mutex<Option<Instant>>,
+    elector: Elector,
 }
 
 /// The scaler.
@@ -240,6 +245,13 @@ impl<P: Provider + 'static> Scaler<P> {
         }
         s.groups = groups;
         let drain = DrainOptions::from_settings(&settings.drain, SCALE_DOWN_REASON);
+        let elector = Elector::new(
+            client.clone(),
+            &s.namespace,
+            &s.lease_name,
+            &opts.identity,
+            s.lease_duration,
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 recorder: crate::events::recorder(
@@ -258,6 +270,7 @@ impl<P: Provider + 'static> Scaler<P> {
                 metrics: Arc::new(Metrics::default()),
                 draining: Mutex::new(HashSet::new()),
                 leader_until: Mutex::new(None),
+                elector,
             }),
         })
     }
@@ -281,19 +294,12 @@ impl<P: Provider + 'static> Scaler<P> {
             )),
             None => None,
         };
-        let elector = Elector::new(
-            inner.client.clone(),
-            &s.namespace,
-            &s.lease_name,
-            &inner.opts.identity,
-            s.lease_duration,
-        );
         let renew_every = s.lease_duration / 3;
         let _election = {
             let inner = inner.clone();
             AbortOnDrop(tokio::spawn(async move {
                 loop {
-                    let until = elector.try_acquire().await;
+                    let until = inner.elector.try_acquire().await;
                     inner.metrics.leader.set(i64::from(until.is_some()));
                     *lock(&inner.leader_until) = until;
                     tokio::time::sleep(renew_every).await;
@@ -317,22 +323,19 @@ impl<P: Provider + 'static> Scaler<P> {
             }
         }
         drop(_election);
-        Elector::new(
-            inner.client.clone(),
-            &s.namespace,
-            &s.lease_name,
-            &inner.opts.identity,
-            s.lease_duration,
-        )
-        .release()
-        .await;
+        inner.elector.release().await;
         info!("scaler stopped");
         Ok(())
     }
 
-    /// One pass regardless of leadership (tests and `--once`-style callers that hold no Lease).
+    /// One pass as the Lease holder: takes or renews the Lease first (so its deletes are fenced
+    /// like every other pass's), and fails if another replica holds it.
     pub async fn pass_once(&self) -> Result<Vec<Action>> {
-        *lock(&self.inner.leader_until) = Some(Instant::now() + Duration::from_secs(3600));
+        let until = self.inner.elector.try_acquire().await;
+        *lock(&self.inner.leader_until) = until;
+        if until.is_none() {
+            return Err(Error::NotLeader);
+        }
         self.inner.clone().pass().await
     }
 }
@@ -420,21 +423,24 @@ impl<P: Provider + 'static> Inner<P> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(self.client.clone());
         let status: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let budgets: Api<PodDisruptionBudget> = Api::all(self.client.clone());
         let all = ListParams::default();
         let live = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
         let reason = format!("reason={NOT_READY_IN_TIME}");
         let not_ready_events = ListParams::default().fields(&reason);
-        let (nodes, pods, events, status, machines) = tokio::join!(
+        let (nodes, pods, events, status, budgets, machines) = tokio::join!(
             nodes.list(&all),
             pods.list(&live),
             events.list(&not_ready_events),
             status.get_opt(STATUS_CONFIGMAP),
+            budgets.list(&all),
             self.provider.list(),
         );
         let nodes = nodes.map_err(api("list nodes"))?;
         let pods = pods.map_err(api("list pods"))?;
         let events = events.map_err(api("list events"))?;
         let status = status.map_err(api("read the status ConfigMap"))?;
+        let budgets = budgets.map_err(api("list poddisruptionbudgets"))?;
         let machines = machines?;
         let not_ready: std::collections::BTreeSet<String> = events
             .items
@@ -456,7 +462,36 @@ impl<P: Provider + 'static> Inner<P> {
             pods: pods.items.iter().filter_map(model::pod_view).collect(),
             machines,
             backoff,
+            budgets: budgets.items.iter().map(model::budget_view).collect(),
         })
+    }
+
+    /// The node's pods and budgets as they are now, reduced to
+    /// [`decide::scale_down_fingerprint`].
+    async fn fingerprint(&self, node: &str) -> Result<String> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let budgets: Api<PodDisruptionBudget> = Api::all(self.client.clone());
+        let on_node = ListParams::default().fields(&format!(
+            "spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
+        ));
+        let all = ListParams::default();
+        let (pods, budgets) = tokio::join!(pods.list(&on_node), budgets.list(&all));
+        let pods: Vec<model::PodView> = pods
+            .map_err(api("list the node's pods"))?
+            .items
+            .iter()
+            .filter_map(model::pod_view)
+            .collect();
+        let budgets: Vec<model::BudgetView> = budgets
+            .map_err(api("list poddisruptionbudgets"))?
+            .items
+            .iter()
+            .map(model::budget_view)
+            .collect();
+        Ok(decide::scale_down_fingerprint(
+            &pods.iter().collect::<Vec<_>>(),
+            &budgets,
+        ))
     }
 
     async fn pass(self: Arc<Self>) -> Result<Vec<Action>> {
@@ -615,6 +650,22 @@ impl<P: Provider + 'static> Inner<P> {
         }
     }
 
+    /// Whether this replica may delete a machine now ([`Elector::confirm`]); a refusal is
+    /// logged and counted as failure kind `fenced`.
+    async fn fenced(&self, group: &str, machine: &str) -> bool {
+        match self.elector.confirm().await {
+            Ok(()) => true,
+            Err(e) => {
+                self.metrics
+                    .failures
+                    .get_or_create(&metrics::failure(group, "fenced"))
+                    .inc();
+                warn!(group, machine, error = %e, "not deleting the machine: leadership is not confirmed");
+                false
+            }
+        }
+    }
+
     async fn delete_node(&self, node: &str) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         match nodes.delete(node, &DeleteParams::default()).await {
@@ -641,6 +692,9 @@ impl<P: Provider + 'static> Inner<P> {
                 format!("nodeward scaler deletes machine {machine}: {reason}"),
             )
             .await;
+        }
+        if !self.fenced(group, machine).await {
+            return;
         }
         match self.provider.delete(machine).await {
             Ok(()) => {
@@ -745,6 +799,7 @@ impl<P: Provider + 'static> Inner<P> {
             first_create.get_or_insert(d);
         }
         let mut created = 0;
+        let mut refused = 0;
         for result in results {
             let (host, r) = match result {
                 Ok(pair) => pair,
@@ -773,24 +828,30 @@ impl<P: Provider + 'static> Inner<P> {
                         .inc();
                     warn!(group, hostname = %host, error = %e, retryable = e.is_retryable(), "cannot create a machine");
                     if !e.is_retryable() {
-                        let prev = backoff.get(group).copied().unwrap_or_default();
-                        let failures = prev.failures.saturating_add(1);
-                        let d = jiff::SignedDuration::try_from(decide::backoff_for(
-                            failures,
-                            &self.settings,
-                        ))
-                        .unwrap_or(jiff::SignedDuration::MAX);
-                        backoff.insert(
-                            group.to_string(),
-                            Backoff {
-                                failures,
-                                last_failure: Some(now),
-                                until: now.checked_add(d).ok(),
-                            },
-                        );
+                        refused += 1;
                     }
                 }
             }
+        }
+        // Refused creates (4xx such as quota) count as failed machines: decide's rule says how
+        // long the group waits.
+        if let Some(Action::BackOff {
+            failures, until, ..
+        }) = decide::back_off(
+            group,
+            backoff.get(group).copied(),
+            refused,
+            now,
+            &self.settings,
+        ) {
+            backoff.insert(
+                group.to_string(),
+                Backoff {
+                    failures,
+                    last_failure: Some(now),
+                    until: Some(until),
+                },
+            );
         }
         created
     }
@@ -808,6 +869,12 @@ impl<P: Provider + 'static> Inner<P> {
         let result = crate::drain::drain(&self.client, node, &self.drain).await;
         match result {
             Ok(r) if r.outcome == DrainOutcome::Drained => {
+                if !self.fenced(group, machine).await {
+                    // The node stays cordoned with nodeward's scale-down record: the leader
+                    // finishes the scale-down.
+                    lock(&self.draining).remove(node);
+                    return;
+                }
                 match self.provider.delete(machine).await {
                     Ok(()) => {
                         self.delete_node(node).await;
@@ -849,7 +916,26 @@ impl<P: Provider + 'static> Inner<P> {
                 if let Err(e) = crate::drain::uncordon(&self.client, node, false).await {
                     warn!(node, error = %e, "cannot uncordon after a failed scale-down");
                 }
-                self.annotate(node, None).await;
+                // Remember what the node held, so decide does not pick it again for the same
+                // drain to fail the same way.
+                let failed = match self.fingerprint(node).await {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        warn!(node, error = %e, "cannot record the failed scale-down; the node may be picked again");
+                        None
+                    }
+                };
+                let nodes: Api<Node> = Api::all(self.client.clone());
+                let patch = json!({"metadata": {"annotations": {
+                    UNNEEDED_SINCE: None::<String>,
+                    SCALE_DOWN_FAILED: failed,
+                }}});
+                if let Err(e) = nodes
+                    .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    warn!(node, error = %e, "cannot record the failed scale-down on the Node");
+                }
             }
             Err(e) => {
                 self.metrics
@@ -870,29 +956,45 @@ impl<P: Provider + 'static> Inner<P> {
         pending: usize,
         actions: &[Action],
     ) {
-        let mut text = format!(
-            "time: {now}\nleader: {}\npending_unschedulable_pods: {pending}\ngroups:\n",
-            self.opts.identity
-        );
-        for g in &self.settings.groups {
-            let st = states.get(&g.name).cloned().unwrap_or_default();
-            let until = backoff
-                .get(&g.name)
-                .and_then(|b| b.until)
-                .map_or("-".to_string(), |u| u.to_string());
-            text.push_str(&format!(
-                "  {}: {{size: {}, ready: {}, booting: {}, registering: {}, min: {}, max: {}, backoff_until: {until}}}\n",
-                g.name, st.size, st.ready, st.booting, st.registering, g.min, g.max
-            ));
-        }
-        text.push_str("last_actions:\n");
-        for a in actions
-            .iter()
-            .filter(|a| !matches!(a, Action::NoScaleUp { .. }))
-            .take(STATUS_ACTIONS)
-        {
-            text.push_str(&format!("  - {a:?}\n"));
-        }
+        let doc = StatusDoc {
+            time: now.to_string(),
+            leader: &self.opts.identity,
+            pending_unschedulable_pods: pending,
+            groups: self
+                .settings
+                .groups
+                .iter()
+                .map(|g| {
+                    let st = states.get(&g.name).cloned().unwrap_or_default();
+                    let status = GroupStatus {
+                        size: st.size,
+                        ready: st.ready,
+                        booting: st.booting,
+                        registering: st.registering,
+                        min: g.min,
+                        max: g.max,
+                        backoff_until: backoff
+                            .get(&g.name)
+                            .and_then(|b| b.until)
+                            .map(|u| u.to_string()),
+                    };
+                    (g.name.as_str(), status)
+                })
+                .collect(),
+            last_actions: actions
+                .iter()
+                .filter(|a| !matches!(a, Action::NoScaleUp { .. }))
+                .take(STATUS_ACTIONS)
+                .map(|a| format!("{a:?}"))
+                .collect(),
+        };
+        let text = match serde_norway::to_string(&doc) {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(error = %e, "cannot write the status as YAML");
+                return;
+            }
+        };
         let data = json!({
             "status": text,
             "backoff": serde_json::to_string(backoff).unwrap_or_default(),
@@ -926,6 +1028,28 @@ impl<P: Provider + 'static> Inner<P> {
             Err(e) => warn!(error = %e, "cannot write the status ConfigMap"),
         }
     }
+}
+
+/// The status ConfigMap's `status` key, as YAML.
+#[derive(Debug, serde::Serialize)]
+struct StatusDoc<'a> {
+    time: String,
+    leader: &'a str,
+    pending_unschedulable_pods: usize,
+    groups: BTreeMap<&'a str, GroupStatus>,
+    last_actions: Vec<String>,
+}
+
+/// One group in [`StatusDoc`].
+#[derive(Debug, serde::Serialize)]
+struct GroupStatus {
+    size: u32,
+    ready: u32,
+    booting: u32,
+    registering: u32,
+    min: u32,
+    max: u32,
+    backoff_until: Option<String>,
 }
 
 fn log_action(a: &Action, dry_run: bool) {
@@ -972,5 +1096,52 @@ fn log_action(a: &Action, dry_run: bool) {
         Action::DeleteNode { group, node } => {
             info!(dry_run, group, node, "decision: delete a left-behind Node")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status is YAML a reader can parse whatever the identity or the actions contain (the
+    /// format!-built text broke on a `: ` or a `#` in them).
+    #[test]
+    fn status_is_yaml_that_parses_back() {
+        let doc = StatusDoc {
+            time: "2026-01-01T00:00:00Z".into(),
+            leader: "pod-1: #odd 'identity'",
+            pending_unschedulable_pods: 3,
+            groups: BTreeMap::from([(
+                "web",
+                GroupStatus {
+                    size: 2,
+                    ready: 1,
+                    booting: 1,
+                    registering: 0,
+                    min: 0,
+                    max: 5,
+                    backoff_until: None,
+                },
+            )]),
+            last_actions: vec![format!(
+                "{:?}",
+                Action::ClearUnneeded {
+                    node: "n: #1".into()
+                }
+            )],
+        };
+        let text = serde_norway::to_string(&doc).expect("serialises");
+        let back: serde_json::Value = serde_norway::from_str(&text).expect("parses back");
+        assert_eq!(back["leader"], "pod-1: #odd 'identity'", "{text}");
+        assert_eq!(back["pending_unschedulable_pods"], 3);
+        assert_eq!(back["groups"]["web"]["size"], 2);
+        assert_eq!(
+            back["groups"]["web"]["backoff_until"],
+            serde_json::Value::Null
+        );
+        assert_eq!(
+            back["last_actions"][0], "ClearUnneeded { node: \"n: #1\" }",
+            "{text}"
+        );
     }
 }

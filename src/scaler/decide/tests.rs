@@ -68,6 +68,7 @@ fn node(name: &str, group: Option<&str>) -> NodeView {
         unneeded_since: None,
         scale_down_disabled: false,
         not_ready_in_time: false,
+        scale_down_failed: None,
     }
 }
 
@@ -85,6 +86,7 @@ fn pod(name: &str, cpu_milli: i64, mem_gi: i64) -> PodView {
         namespace: "default".into(),
         name: name.into(),
         uid: format!("uid-{name}"),
+        labels: BTreeMap::new(),
         node: None,
         requests: res(cpu_milli, mem_gi, 1),
         node_selector: BTreeMap::new(),
@@ -300,6 +302,45 @@ fn scale_from_zero_uses_the_capacity_template() {
     assert!(
         no_scale_up(&a)[0].contains("requests more than a new node offers"),
         "{a:?}"
+    );
+}
+
+/// The architecture of a new node is the group's (its labels, or a node of it), not amd64 for
+/// every group.
+#[test]
+fn scale_from_zero_takes_the_architecture_from_the_group() {
+    const ARCH: &str = "kubernetes.io/arch";
+    let mut arm = group("arm", 0, 3);
+    arm.labels.insert(ARCH.into(), "arm64".into());
+    let s = settings(vec![group("unsaid", 0, 3), arm]);
+    let wants = |arch: &str| {
+        let mut p = pod(&format!("wants-{arch}"), 500, 1);
+        p.node_selector.insert(ARCH.into(), arch.into());
+        Snapshot {
+            pods: vec![p],
+            ..Snapshot::default()
+        }
+    };
+    let a = decide(&wants("arm64"), t0(), &s);
+    assert_eq!(
+        scale_ups(&a),
+        vec![("arm".into(), 1, ScaleUpReason::PendingPods)]
+    );
+    // No group says amd64, and none has a node to copy it from: nothing is created for it.
+    let a = decide(&wants("amd64"), t0(), &s);
+    assert!(scale_ups(&a).is_empty(), "{a:?}");
+    assert!(
+        no_scale_up(&a)[0].contains("unsaid: node selector or affinity does not match"),
+        "{a:?}"
+    );
+    // Once the group has a ready node, its labels are the template's.
+    let mut snap = wants("amd64");
+    member(&mut snap, "u1", "unsaid");
+    snap.nodes[0].labels.insert(ARCH.into(), "amd64".into());
+    snap.pods.push(on(pod("fills-u1", 3900, 1), "u1"));
+    assert_eq!(
+        scale_ups(&decide(&snap, t0(), &s)),
+        vec![("unsaid".into(), 1, ScaleUpReason::PendingPods)]
     );
 }
 
@@ -966,4 +1007,384 @@ fn a_node_left_behind_by_a_scale_down_is_deleted() {
 fn unneeded_annotation_name_is_stable() {
     // Renaming it would make every running scaler forget its countdowns on upgrade.
     assert_eq!(UNNEEDED_SINCE, "nodeward.io/unneeded-since");
+}
+
+fn budget(name: &str, app: Option<&str>, allowed: i32) -> BudgetView {
+    BudgetView {
+        namespace: "default".into(),
+        name: name.into(),
+        selector: app.map(|a| SelectorView {
+            labels: BTreeMap::from([("app".to_string(), a.to_string())]),
+            expressions: Vec::new(),
+        }),
+        disruptions_allowed: allowed,
+    }
+}
+
+fn labelled(mut p: PodView, app: &str) -> PodView {
+    p.labels.insert("app".into(), app.into());
+    p
+}
+
+/// Nodes "a" and "b" each hold one light `app=api` pod and could both go; "c" and "d" are busy
+/// (at the utilisation threshold) and have room for both.
+fn budget_snapshot() -> Snapshot {
+    let mut snap = Snapshot::default();
+    for n in ["a", "b", "c", "d"] {
+        member(&mut snap, n, "web");
+    }
+    snap.pods.push(labelled(on(pod("a1", 500, 1), "a"), "api"));
+    snap.pods.push(labelled(on(pod("b1", 500, 1), "b"), "api"));
+    snap.pods
+        .push(labelled(on(pod("c1", 2000, 1), "c"), "other"));
+    snap.pods
+        .push(labelled(on(pod("d1", 2000, 1), "d"), "other"));
+    snap
+}
+
+fn marked(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::MarkUnneeded { node, .. } => Some(node.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A node is unneeded only if every pod on it could leave now, with `disruptionsAllowed` spent
+/// across the nodes chosen in the same pass.
+#[test]
+fn budgets_decide_which_nodes_can_go() {
+    type Case = (
+        &'static str,
+        Box<dyn Fn(&mut Snapshot)>,
+        &'static [&'static str],
+    );
+    let cases: Vec<Case> = vec![
+        ("no budget", Box::new(|_| {}), &["a", "b"]),
+        (
+            "a budget that allows no disruption",
+            Box::new(|s| s.budgets.push(budget("api", Some("api"), 0))),
+            &[],
+        ),
+        (
+            "one disruption is spent on the first node of the pass",
+            Box::new(|s| s.budgets.push(budget("api", Some("api"), 1))),
+            &["a"],
+        ),
+        (
+            "two disruptions cover both",
+            Box::new(|s| s.budgets.push(budget("api", Some("api"), 2))),
+            &["a", "b"],
+        ),
+        (
+            "a budget of another namespace",
+            Box::new(|s| {
+                let mut b = budget("api", Some("api"), 0);
+                b.namespace = "other".into();
+                s.budgets.push(b);
+            }),
+            &["a", "b"],
+        ),
+        (
+            "a budget selecting other labels",
+            Box::new(|s| s.budgets.push(budget("web", Some("web"), 0))),
+            &["a", "b"],
+        ),
+        (
+            "a budget without a selector selects nothing",
+            Box::new(|s| s.budgets.push(budget("none", None, 0))),
+            &["a", "b"],
+        ),
+        (
+            "an empty selector selects the whole namespace",
+            Box::new(|s| {
+                let mut b = budget("all", None, 1);
+                b.selector = Some(SelectorView::default());
+                s.budgets.push(b);
+            }),
+            &["a"],
+        ),
+        (
+            "matchExpressions",
+            Box::new(|s| {
+                let mut b = budget("expr", None, 0);
+                b.selector = Some(SelectorView {
+                    labels: BTreeMap::new(),
+                    expressions: vec![req("app", "In", &["api", "x"])],
+                });
+                s.budgets.push(b);
+            }),
+            &[],
+        ),
+        (
+            "a pod two budgets select cannot be evicted",
+            Box::new(|s| {
+                s.budgets.push(budget("api", Some("api"), 5));
+                s.budgets.push(budget("api-too", Some("api"), 5));
+            }),
+            &[],
+        ),
+        (
+            "a DaemonSet pod under a closed budget does not hold its node",
+            Box::new(|s| {
+                s.pods[0].controller_kind = Some("DaemonSet".into());
+                s.budgets.push(budget("api", Some("api"), 0));
+            }),
+            &["a"],
+        ),
+        (
+            "a second pod on the same node needs a second disruption",
+            Box::new(|s| {
+                // "b" (less used) goes first and takes one; "a" would need the other two.
+                s.pods.push(labelled(on(pod("a2", 500, 1), "a"), "api"));
+                s.budgets.push(budget("api", Some("api"), 2));
+            }),
+            &["b"],
+        ),
+    ];
+    let s = settings(vec![group("web", 0, 10)]);
+    for (what, f, want) in cases {
+        let mut snap = budget_snapshot();
+        f(&mut snap);
+        let a = decide(&snap, t0(), &s);
+        assert_eq!(marked(&a), want, "{what}: {a:?}");
+    }
+}
+
+#[test]
+fn a_budget_that_closed_stops_a_countdown() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let mut snap = budget_snapshot();
+    snap.nodes[0].unneeded_since = Some(at(-60));
+    snap.budgets.push(budget("api", Some("api"), 0));
+    let a = decide(&snap, t0(), &s);
+    assert!(scale_downs(&a).is_empty(), "{a:?}");
+    assert!(
+        a.contains(&Action::ClearUnneeded { node: "a".into() }),
+        "{a:?}"
+    );
+    snap.budgets[0].disruptions_allowed = 1;
+    assert_eq!(scale_downs(&decide(&snap, t0(), &s)), ["a"]);
+}
+
+/// A node whose drain failed is not picked again until its pods or their budgets change.
+#[test]
+fn a_failed_scale_down_is_not_repeated_until_something_changed() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let mut base = budget_snapshot();
+    base.nodes[0].unneeded_since = Some(at(-60));
+    base.budgets.push(budget("api", Some("api"), 2));
+    assert_eq!(
+        scale_downs(&decide(&base, t0(), &s)),
+        ["a"],
+        "the base case"
+    );
+    let on_a = |snap: &Snapshot| -> String {
+        let pods: Vec<&PodView> = snap
+            .pods
+            .iter()
+            .filter(|p| p.node.as_deref() == Some("a"))
+            .collect();
+        scale_down_fingerprint(&pods, &snap.budgets)
+    };
+    base.nodes[0].scale_down_failed = Some(on_a(&base));
+    let a = decide(&base, t0(), &s);
+    assert!(scale_downs(&a).is_empty(), "the same drain again: {a:?}");
+    assert!(
+        a.contains(&Action::ClearUnneeded { node: "a".into() }),
+        "{a:?}"
+    );
+    type Case = (&'static str, Box<dyn Fn(&mut Snapshot)>, bool);
+    let cases: Vec<Case> = vec![
+        (
+            "a pod came",
+            Box::new(|s| s.pods.push(on(pod("a2", 100, 1), "a"))),
+            true,
+        ),
+        (
+            "a pod was replaced",
+            Box::new(|s| s.pods[0].uid = "uid-a1-new".into()),
+            true,
+        ),
+        (
+            "the budget opened further",
+            Box::new(|s| s.budgets[0].disruptions_allowed = 3),
+            true,
+        ),
+        (
+            "a budget of unrelated pods changed",
+            Box::new(|s| s.budgets.push(budget("other", Some("other"), 1))),
+            false,
+        ),
+        (
+            "a DaemonSet pod came",
+            Box::new(|s| {
+                let mut ds = on(pod("ds", 100, 1), "a");
+                ds.controller_kind = Some("DaemonSet".into());
+                s.pods.push(ds);
+            }),
+            false,
+        ),
+        (
+            "the same pods listed in another order",
+            Box::new(|s| s.pods.reverse()),
+            false,
+        ),
+    ];
+    for (what, f, picked) in cases {
+        let mut snap = base.clone();
+        f(&mut snap);
+        let got = scale_downs(&decide(&snap, t0(), &s));
+        assert_eq!(got.contains(&"a".to_string()), picked, "{what}: {got:?}");
+    }
+}
+
+/// The back-off rule the executor applies to refused creates is decide's: nothing for no
+/// refusal, otherwise the failures add up and the wait doubles from `backoff_initial` (5 min)
+/// up to `backoff_max` (30 min).
+#[test]
+fn refused_creates_back_off_by_decides_rule() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let prev = |failures| Backoff {
+        failures,
+        last_failure: Some(at(-1)),
+        until: Some(at(-1)),
+    };
+    let cases = [
+        (None, 0, None),
+        (Some(prev(3)), 0, None),
+        (None, 1, Some((1, at(5)))),
+        (None, 2, Some((2, at(10)))),
+        (Some(prev(2)), 1, Some((3, at(20)))),
+        (Some(prev(9)), 1, Some((10, at(30)))),
+    ];
+    for (before, refused, want) in cases {
+        let got = back_off("web", before, refused, t0(), &s);
+        let want = want.map(|(failures, until)| Action::BackOff {
+            group: "web".into(),
+            failures,
+            until,
+        });
+        assert_eq!(got, want, "{before:?} + {refused}");
+    }
+}
+
+/// Each phase on its own, from a plan an earlier phase might have left.
+mod phases {
+    use super::*;
+    // The phase, not the test of the same name above.
+    use crate::scaler::decide::min_and_standby;
+
+    fn kinds(actions: &[Action]) -> Vec<&'static str> {
+        actions
+            .iter()
+            .map(|a| match a {
+                Action::ScaleUp { .. } => "ScaleUp",
+                Action::NoScaleUp { .. } => "NoScaleUp",
+                Action::MarkUnneeded { .. } => "MarkUnneeded",
+                Action::ClearUnneeded { .. } => "ClearUnneeded",
+                Action::ScaleDown { .. } => "ScaleDown",
+                Action::Repair { .. } => "Repair",
+                Action::BackOff { .. } => "BackOff",
+                Action::DeleteNode { .. } => "DeleteNode",
+                Action::ClearBackOff { .. } => "ClearBackOff",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn repair_shrinks_the_group_and_backs_it_off() {
+        let s = settings(vec![group("web", 0, 10)]);
+        let mut snap = Snapshot::default();
+        member(&mut snap, "ok", "web");
+        snap.machines.push(machine("ghost", "web", t0()));
+        let cx = Context::new(&snap, at(10), &s);
+        let mut plan = Plan::new(&cx);
+        assert_eq!(plan.size, [2]);
+        repair(&cx, &mut plan);
+        assert_eq!(kinds(&plan.actions), ["Repair", "BackOff"]);
+        assert_eq!(plan.size, [1], "the repaired machine no longer counts");
+        assert!(plan.repaired.contains("ghost"));
+        assert_eq!(plan.backing_off, [true]);
+    }
+
+    #[test]
+    fn scale_up_honours_the_back_off_it_is_handed() {
+        let s = settings(vec![group("web", 0, 10)]);
+        let mut snap = Snapshot::default();
+        snap.pods.push(pod("p", 1000, 1));
+        let cx = Context::new(&snap, t0(), &s);
+        let mut plan = Plan::new(&cx);
+        scale_up(&cx, &mut plan);
+        assert_eq!(kinds(&plan.actions), ["ScaleUp"]);
+        assert_eq!(plan.planned, [1]);
+        let mut plan = Plan::new(&cx);
+        plan.backing_off[0] = true;
+        scale_up(&cx, &mut plan);
+        assert_eq!(kinds(&plan.actions), ["NoScaleUp"]);
+        assert!(
+            no_scale_up(&plan.actions)[0].contains("backing off"),
+            "{:?}",
+            plan.actions
+        );
+        assert_eq!(plan.planned, [0]);
+    }
+
+    #[test]
+    fn scale_up_fills_the_bins_later_phases_use() {
+        let s = settings(vec![group("web", 0, 10)]);
+        let mut snap = Snapshot::default();
+        member(&mut snap, "a", "web");
+        snap.machines.push(machine("coming", "web", t0()));
+        snap.pods.push(pod("p", 1000, 1));
+        let cx = Context::new(&snap, t0(), &s);
+        let mut plan = Plan::new(&cx);
+        scale_up(&cx, &mut plan);
+        assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+        let bins: Vec<(&str, bool)> = plan.bins.iter().map(|b| (b.name, b.claimed)).collect();
+        assert_eq!(
+            bins,
+            [("a", true), ("", false)],
+            "the node, then the machine"
+        );
+        assert_eq!(plan.bin_group, [Some(0), Some(0)]);
+    }
+
+    #[test]
+    fn min_counts_what_scale_up_planned() {
+        let s = settings(vec![group("web", 3, 10)]);
+        let snap = Snapshot::default();
+        let cx = Context::new(&snap, t0(), &s);
+        let mut plan = Plan::new(&cx);
+        plan.planned[0] = 2;
+        min_and_standby(&cx, &mut plan);
+        assert_eq!(
+            scale_ups(&plan.actions),
+            vec![("web".into(), 1, ScaleUpReason::BelowMin)]
+        );
+        assert_eq!(plan.planned, [3]);
+        let mut plan = Plan::new(&cx);
+        plan.backing_off[0] = true;
+        min_and_standby(&cx, &mut plan);
+        assert!(plan.actions.is_empty(), "no growth while backing off");
+    }
+
+    #[test]
+    fn scale_down_waits_while_the_plan_grows() {
+        let s = settings(vec![group("web", 0, 10)]);
+        let mut snap = Snapshot::default();
+        member(&mut snap, "idle", "web");
+        snap.nodes[0].unneeded_since = Some(at(-60));
+        let cx = Context::new(&snap, t0(), &s);
+        let mut plan = Plan::new(&cx);
+        scale_down(&cx, &mut plan);
+        assert_eq!(scale_downs(&plan.actions), ["idle"]);
+        assert_eq!(plan.size, [0]);
+        let mut plan = Plan::new(&cx);
+        plan.planned[0] = 1;
+        scale_down(&cx, &mut plan);
+        assert!(scale_downs(&plan.actions).is_empty(), "{:?}", plan.actions);
+    }
 }
