@@ -17,5 +17,18 @@ pub const CORDONED_BY: &str = "nodeward.io/cordoned-by";
 /// The pod annotation its owner sets to `never` to keep nodeward from ever evicting the pod.
 pub const DRAIN_ANNOTATION: &str = "nodeward.io/drain";
 
+/// The annotation holding the RFC 3339 time the scaler found a node unneeded.
+pub const UNNEEDED_SINCE: &str = "nodeward.io/unneeded-since";
+
+/// An operator's opt-out from scale-down, as in cluster-autoscaler.
+pub const SCALE_DOWN_DISABLED: &str = "nodeward.io/scale-down-disabled";
+
+/// The fingerprint (`scaler::decide::scale_down_fingerprint`) of a node's pods and budgets when
+/// its scale-down drain last failed and the node was given back: the node is not picked again
+/// until the fingerprint differs (a pod came or went, or a budget's `disruptionsAllowed` moved),
+/// so a budget that blocks the drain does not make the scaler drain, time out and uncordon the
+/// same node every unneeded-time.
+pub const SCALE_DOWN_FAILED: &str = "nodeward.io/scale-down-failed";
+
 /// Field manager recorded in managedFields for every write nodeward makes.
 pub const FIELD_MANAGER: &str = "nodeward";

@@ -11,17 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::resources::Resources;
 use crate::names::{NODE_GROUP_LABEL, STARTUP_TAINT_KEY};
-
-/// The annotation holding the RFC 3339 time a node became unneeded.
-pub const UNNEEDED_SINCE: &str = "nodeward.io/unneeded-since";
-/// An operator's opt-out from scale-down, as in cluster-autoscaler.
-pub const SCALE_DOWN_DISABLED: &str = "nodeward.io/scale-down-disabled";
-/// The fingerprint ([`scale_down_fingerprint`](super::decide::scale_down_fingerprint)) of a node's pods and budgets when its
-/// scale-down drain last failed and the node was given back: the node is not picked again until
-/// the fingerprint differs (a pod came or went, or a budget's `disruptionsAllowed` moved), so a
-/// budget that blocks the drain does not make the scaler drain, time out and uncordon the same
-/// node every unneeded-time.
-pub const SCALE_DOWN_FAILED: &str = "nodeward.io/scale-down-failed";
+pub use crate::names::{SCALE_DOWN_DISABLED, SCALE_DOWN_FAILED, UNNEEDED_SINCE};
 /// A pod annotation that blocks (`"false"`) or allows (`"true"`) removing its node.
 pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
 /// The node lifecycle controller's taint on a node whose Ready condition is not True (also put

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PostParams};
 use kube::runtime::events::{EventType, Recorder};
 use serde_json::json;
 use tokio::time::Instant;
@@ -643,7 +643,11 @@ impl<P: Provider + 'static> Inner<P> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let patch = json!({"metadata": {"annotations": {UNNEEDED_SINCE: value}}});
         if let Err(e) = nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(
+                node,
+                &crate::node_write::patch_params(),
+                &Patch::Merge(&patch),
+            )
             .await
         {
             warn!(node, error = %e, "cannot update the unneeded-since annotation");
@@ -931,7 +935,11 @@ impl<P: Provider + 'static> Inner<P> {
                     SCALE_DOWN_FAILED: failed,
                 }}});
                 if let Err(e) = nodes
-                    .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                    .patch(
+                        node,
+                        &crate::node_write::patch_params(),
+                        &Patch::Merge(&patch),
+                    )
                     .await
                 {
                     warn!(node, error = %e, "cannot record the failed scale-down on the Node");
@@ -1004,7 +1012,7 @@ impl<P: Provider + 'static> Inner<P> {
         match api
             .patch(
                 STATUS_CONFIGMAP,
-                &PatchParams::default(),
+                &crate::node_write::patch_params(),
                 &Patch::Merge(&patch),
             )
             .await
