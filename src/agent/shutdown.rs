@@ -100,11 +100,6 @@ impl Agent {
     }
 
     pub(super) fn drain_ended(&mut self, mut summary: DrainSummary) {
-        // Closing the fd is what lets logind go on.
-        drop(self.lock_fd.take());
-        if self.lock == Lock::Held {
-            self.lock_to(LockEvent::ReleasedForShutdown);
-        }
         if let Some((t0, at, kind, policy, deadline)) = self.shutdown_started.take() {
             summary.started_at = at.to_string();
             summary.kind = kind;
@@ -118,10 +113,18 @@ impl Agent {
             evicted = summary.evicted,
             left_behind = summary.left_behind.len(),
             elapsed_ms = summary.elapsed_ms,
-            "shutdown drain ended; lock released"
+            "shutdown drain ended; releasing the lock"
         );
         self.phase_to(PhaseEvent::DrainEnded);
         self.last_drain = Some(summary);
+        // The status file says "drained" before logind may go on: nodeward-drain.service, stopped
+        // next, reads it to do nothing for a shutdown the agent already handled.
+        self.publish();
+        // Closing the fd is what lets logind go on.
+        drop(self.lock_fd.take());
+        if self.lock == Lock::Held {
+            self.lock_to(LockEvent::ReleasedForShutdown);
+        }
     }
 }
 
