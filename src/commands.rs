@@ -206,6 +206,14 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
     opts.shutdown = system_is_stopping().await;
     if opts.shutdown {
         opts.reason = "shutdown (nodeward-drain.service stopped by the system)".into();
+        if let Some(left) = agent_deadline_left(&settings.agent.status_file, opts.timeout) {
+            if left.is_zero() {
+                tracing::warn!(node = %node, "not draining: the agent's shutdown drain used up the deadline of this shutdown");
+                return Ok(EXIT_DEADLINE);
+            }
+            tracing::info!(node = %node, ?left, "sharing the deadline of the agent's shutdown drain");
+            opts.timeout = opts.timeout.min(left);
+        }
     }
     let client = client_for(args.kubeconfig.as_deref(), &settings).await?;
     if args.dry_run {
@@ -213,7 +221,27 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         print_plan(&node, &plan);
         return Ok(EXIT_OK);
     }
-    let report = crate::drain::drain(&client, &node, &opts).await?;
+    // The engine keeps its deadline once it has the Node and the pods' list, but its first
+    // requests (get the Node, cordon) wait for the API server as long as it takes: with the API
+    // server unreachable at shutdown, nodeward-drain.service's ExecStop held the shutdown until
+    // systemd's TimeoutStopSec killed it. So the whole drain is bounded by its deadline (plus a
+    // moment for the engine's own report), unless on_deadline = "wait" says to keep waiting.
+    let run = crate::drain::drain(&client, &node, &opts);
+    let report = if opts.on_deadline == crate::config::OnDeadline::Wait {
+        run.await?
+    } else {
+        match tokio::time::timeout(opts.timeout + DRAIN_REPORT_SLACK, run).await {
+            Ok(r) => r?,
+            Err(_) => {
+                tracing::error!(node = %node, deadline = ?opts.timeout, "drain deadline passed before the API server answered; the node may not be cordoned");
+                eprintln!(
+                    "nodeward: drain of {node}: the deadline ({:?}) passed before the API server answered; the node may not be cordoned",
+                    opts.timeout
+                );
+                return Ok(EXIT_DEADLINE);
+            }
+        }
+    };
     print!("{report}");
     Ok(match report.outcome {
         crate::drain::DrainOutcome::Drained => EXIT_OK,
@@ -221,6 +249,28 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         crate::drain::DrainOutcome::DeadlineExceeded => EXIT_DEADLINE,
     })
 }
+
+/// At a shutdown through logind the agent drains first (it holds the delay lock), and only then
+/// does systemd stop nodeward-drain.service, whose `nodeward drain` would start a deadline of its
+/// own: with the API server unreachable the shutdown then waited for both, one after the other.
+/// What is left of the agent's deadline when its last drain (the status file) started less than
+/// `timeout` ago, i.e. in this shutdown; None otherwise (no agent, an older drain).
+fn agent_deadline_left(
+    status_file: &Path,
+    timeout: std::time::Duration,
+) -> Option<std::time::Duration> {
+    let drain = crate::agent::status::read(status_file).ok()?.last_drain?;
+    let started: jiff::Timestamp = drain.started_at.parse().ok()?;
+    let since =
+        std::time::Duration::try_from(jiff::Timestamp::now().duration_since(started)).ok()?;
+    if since > timeout {
+        return None;
+    }
+    Some(std::time::Duration::from_millis(drain.deadline_ms).saturating_sub(since))
+}
+
+/// How long past its deadline a one-shot drain may take to report before it is cut short.
+const DRAIN_REPORT_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long `systemctl is-system-running` may take before the answer counts as "not stopping".
 const SYSTEMCTL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
