@@ -239,11 +239,27 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
     if policy == crate::config::ShutdownPolicy::Cordon {
         let reason = &opts.reason;
         let exclude_lb = opts.exclude_from_load_balancers;
-        crate::drain::cordon_for_shutdown(&client, &node, reason, exclude_lb).await?;
+        let cordon = crate::drain::cordon_for_shutdown(&client, &node, reason, exclude_lb);
+        let Ok(done) = tokio::time::timeout(opts.timeout, cordon).await else {
+            eprintln!(
+                "nodeward: cannot cordon node {node}: no answer from the API server within the drain deadline ({:?})",
+                opts.timeout
+            );
+            return Ok(EXIT_DEADLINE);
+        };
+        done?;
         println!("node {node}: cordoned ({reason})");
         return Ok(EXIT_OK);
     }
-    let report = crate::drain::drain(&client, &node, &opts).await?;
+    let report = match crate::drain::drain(&client, &node, &opts).await {
+        Ok(report) => report,
+        // The deadline passed before the API server answered at all: a deadline, as exit code.
+        Err(e @ crate::drain::exec::Error::NoAnswer { .. }) => {
+            eprintln!("nodeward: {e}");
+            return Ok(EXIT_DEADLINE);
+        }
+        Err(e) => return Err(e.into()),
+    };
     print!("{report}");
     Ok(match report.outcome {
         crate::drain::DrainOutcome::Drained => EXIT_OK,

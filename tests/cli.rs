@@ -372,3 +372,66 @@ fn drain_does_nothing_while_the_no_drain_marker_exists() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/kubeconfig"));
 }
+
+#[test]
+fn drain_ends_by_its_deadline_when_the_api_server_never_answers() {
+    // An API server that accepts connections and never answers (a frozen or overloaded one: the
+    // kernel completes the handshake, nobody reads). `nodeward drain` must give up at its
+    // deadline instead of waiting on its first request (nodeward-drain.service's ExecStop at a
+    // shutdown would otherwise hold it until systemd kills the unit).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"http://127.0.0.1:{port}\"}}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        ),
+    )
+    .expect("kubeconfig");
+    let kubeconfig = kubeconfig.to_str().expect("utf-8 path");
+    let started = std::time::Instant::now();
+    let mut child = Command::cargo_bin("nodeward")
+        .expect("binary")
+        .args([
+            "drain",
+            "node-x",
+            "--kubeconfig",
+            kubeconfig,
+            "--timeout",
+            "2s",
+        ])
+        .env("NODEWARD_NO_DRAIN_MARKER", dir.path().join("absent"))
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run");
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            child.kill().ok();
+            panic!(
+                "nodeward drain --timeout 2s still runs after 30 s against an API server that never answers"
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let took = started.elapsed();
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "exit 3 (deadline); stderr: {stderr}"
+    );
+    assert!(stderr.contains("deadline"), "{stderr}");
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "took {took:?} for a 2 s deadline"
+    );
+    drop(listener);
+}

@@ -117,14 +117,14 @@ impl Agent {
         );
         self.phase_to(PhaseEvent::DrainEnded);
         self.last_drain = Some(summary);
+        if self.lock == Lock::Held {
+            self.lock_to(LockEvent::ReleasedForShutdown);
+        }
         // The status file says "drained" before logind may go on: nodeward-drain.service, stopped
         // next, reads it to do nothing for a shutdown the agent already handled.
         self.publish();
         // Closing the fd is what lets logind go on.
         drop(self.lock_fd.take());
-        if self.lock == Lock::Held {
-            self.lock_to(LockEvent::ReleasedForShutdown);
-        }
     }
 }
 

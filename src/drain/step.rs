@@ -330,6 +330,14 @@ impl Schedule {
         let mut commands = Vec::new();
         self.advance_waves(now, &mut commands);
         if self.pods.values().all(Tracked::settled) {
+            // Every pod is gone or refused; answers still on their way (a deletion the watch saw
+            // before its answer) are waited for, up to the deadline, so the report counts them.
+            if self.in_flight > 0 && now < self.deadline {
+                return Step::Run {
+                    commands,
+                    wake: self.deadline,
+                };
+            }
             let refused = self
                 .pods
                 .values()

@@ -352,6 +352,13 @@ fn a_pod_gone_before_its_answer_frees_its_slot_and_counts_its_deletion() {
         matches!(&fb, Step::Run { commands, .. } if commands.iter().any(|c| matches!(c, Command::Delete { .. })))
     );
     gone(&mut s, &["a", "b"]);
+    assert!(
+        matches!(
+            run(&mut s, t0, Duration::from_millis(9050), &closed),
+            Step::Run { .. }
+        ),
+        "gone, but its deletion's answer is still due"
+    );
     s.delete_answered("b", Deleted::Accepted);
     assert_eq!(
         run(&mut s, t0, Duration::from_millis(9100), &closed),
