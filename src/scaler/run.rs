@@ -640,8 +640,15 @@ impl<P: Provider + 'static> Inner<P> {
     }
 
     async fn annotate(&self, node: &str, value: Option<String>) {
+        let annotations = json!({UNNEEDED_SINCE: value});
+        self.write_annotations(node, annotations, "the unneeded-since annotation")
+            .await;
+    }
+
+    /// Merges `annotations` (`null` removes one) into the Node's; a failure is logged.
+    async fn write_annotations(&self, node: &str, annotations: serde_json::Value, what: &str) {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let patch = json!({"metadata": {"annotations": {UNNEEDED_SINCE: value}}});
+        let patch = json!({"metadata": {"annotations": annotations}});
         if let Err(e) = nodes
             .patch(
                 node,
@@ -650,7 +657,7 @@ impl<P: Provider + 'static> Inner<P> {
             )
             .await
         {
-            warn!(node, error = %e, "cannot update the unneeded-since annotation");
+            warn!(node, error = %e, "cannot update {what}");
         }
     }
 
@@ -929,21 +936,10 @@ impl<P: Provider + 'static> Inner<P> {
                         None
                     }
                 };
-                let nodes: Api<Node> = Api::all(self.client.clone());
-                let patch = json!({"metadata": {"annotations": {
-                    UNNEEDED_SINCE: None::<String>,
-                    SCALE_DOWN_FAILED: failed,
-                }}});
-                if let Err(e) = nodes
-                    .patch(
-                        node,
-                        &crate::node_write::patch_params(),
-                        &Patch::Merge(&patch),
-                    )
-                    .await
-                {
-                    warn!(node, error = %e, "cannot record the failed scale-down on the Node");
-                }
+                let annotations =
+                    json!({UNNEEDED_SINCE: None::<String>, SCALE_DOWN_FAILED: failed});
+                self.write_annotations(node, annotations, "the record of the failed scale-down")
+                    .await;
             }
             Err(e) => {
                 self.metrics
