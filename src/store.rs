@@ -10,7 +10,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use kube::Resource;
-use kube::runtime::reflector::{ObjectRef, store::Writer};
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
 
 /// A live copy of watched objects.
@@ -20,6 +20,7 @@ where
     K::DynamicType: Eq + Hash + Clone,
 {
     writer: Writer<K>,
+    reader: Store<K>,
     synced: bool,
 }
 
@@ -29,8 +30,10 @@ where
     K::DynamicType: Eq + Hash + Clone + Default,
 {
     fn default() -> Self {
+        let writer = Writer::default();
         Self {
-            writer: Writer::default(),
+            reader: writer.as_reader(),
+            writer,
             synced: false,
         }
     }
@@ -62,7 +65,7 @@ where
 
     /// Every object.
     pub fn state(&self) -> Vec<Arc<K>> {
-        self.writer.as_reader().state()
+        self.reader.state()
     }
 
     /// The object `name` in `namespace` (`None` for cluster-scoped kinds).
@@ -71,7 +74,7 @@ where
         if let Some(ns) = namespace {
             key = key.within(ns);
         }
-        self.writer.as_reader().get(&key)
+        self.reader.get(&key)
     }
 }
 

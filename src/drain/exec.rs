@@ -380,13 +380,12 @@ fn pdb_key(b: &PodDisruptionBudget) -> String {
     )
 }
 
-/// Whether a budget selecting the pod allows a disruption now.
-fn budget_open(budgets: &Mirror<PodDisruptionBudget>, pod: &Tracked) -> bool {
-    let all = budgets.state();
+/// Whether a budget among `budgets` selecting the pod allows a disruption now.
+fn budget_open(budgets: &[std::sync::Arc<PodDisruptionBudget>], pod: &Tracked) -> bool {
     plan::budgets_for(
         &pod.pod.namespace,
         &pod.labels,
-        all.iter().map(AsRef::as_ref),
+        budgets.iter().map(AsRef::as_ref),
     )
     .iter()
     .any(|b| b.status.as_ref().is_some_and(|s| s.disruptions_allowed > 0))
@@ -580,7 +579,9 @@ impl<'a> Drain<'a> {
         let mut progress_dirty = true;
         let outcome = loop {
             let now = Instant::now();
-            let (commands, wake) = match schedule.step(now, &|pod| budget_open(&budgets, pod)) {
+            // One snapshot of the budgets per step, not one per blocked pod.
+            let snapshot = budgets.state();
+            let (commands, wake) = match schedule.step(now, &|pod| budget_open(&snapshot, pod)) {
                 Step::Done(outcome) => break outcome,
                 Step::Run { commands, wake } => (commands, wake),
             };
