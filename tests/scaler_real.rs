@@ -3,12 +3,14 @@
 //! creates machines in the Cherry emulator; each "boots": its bootstrap token must authenticate
 //! to the real kube-apiserver, then its Node registers as `system:node:NAME` with the group
 //! label and the startup taint (kwok plays its kubelet) and a real `nodeward agent` runs for it;
-//! the readiness controller lifts the taint; the scheduler binds the pods. Then the load goes
-//! away and the scaler drains (budgets respected) and deletes the machines.
+//! the readiness controller lifts the taint; the scheduler binds the pods. Then the load shrinks
+//! under a budget that allows no disruption (the scaler must leave both machines alone), the
+//! budget opens to one (one machine is drained and deleted, its pod moved first), and the load
+//! goes away (the other is deleted).
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use cherry_emulator::CherryEmulator;
@@ -17,7 +19,7 @@ use common::{Cluster, Proc, spawn_agent, unique, write_flannel};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use nodeward::config::Settings;
 use nodeward::readiness::STARTUP_TAINT_KEY;
 use serde_json::{Value, json};
@@ -141,6 +143,7 @@ package_url = "https://10.0.2.101/nodeward.{ext}"
     s.groups = vec![common::scaler_group(&group_name, 4)];
     settings.drain.timeout = Duration::from_secs(20);
 
+    let namespace = settings.scaler.namespace.clone();
     let _controller = common::spawn_controller(
         &cluster.service_account_kubeconfig(common::CONTROLLER_SA.0, common::CONTROLLER_SA.1),
         &[],
@@ -242,19 +245,118 @@ package_url = "https://10.0.2.101/nodeward.{ext}"
     );
     assert_eq!(machines.booted.len(), 2, "two 4-CPU machines for 6 CPUs");
 
-    // Load goes away: the scaler drains and deletes both machines.
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let group_selector = format!("nodeward.io/node-group={group_name}");
+    let group_nodes = || async {
+        nodes
+            .list(&ListParams::default().labels(&group_selector))
+            .await
+            .expect("nodes")
+            .items
+    };
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), &ns);
+
+    // Budgets. The load shrinks to two pods, one on each machine, under a budget that allows no
+    // disruption: each machine is under-used and could take the other's pod, but neither pod may
+    // leave, so the scaler must leave both machines alone (a budget-blind scaler cordons one,
+    // its drain runs into the budget until the deadline, it uncordons, and again every
+    // unneeded time). The machines are kept out of scale-down while the pods move.
+    let t2 = Instant::now();
+    for n in group_nodes().await {
+        annotate(&nodes, &n, Some("true")).await;
+    }
+    patch_merge(&budgets, "load", json!({"spec": {"maxUnavailable": 0}})).await;
+    scale(&deployments, 0).await;
+    wait_pods(&pods, t2, "the load scaled to 0", |by_node| {
+        by_node.is_empty()
+    })
+    .await;
+    scale(&deployments, 2).await;
+    // Two pods onto two empty 4-CPU nodes: the scheduler's least-allocated score spreads them.
+    let placed = wait_pods(&pods, t2, "two pods running, one per machine", |by_node| {
+        by_node.len() == 2 && by_node.values().all(|&n| n == 1)
+    })
+    .await;
+    wait_budget(&budgets, t2, 0, 2).await;
+    for n in group_nodes().await {
+        annotate(&nodes, &n, None).await;
+    }
+    // Let the scaler see this for three unneeded times (its status says when each pass ran).
+    let blocked_from = jiff::Timestamp::now();
+    let watch_until = blocked_from + Duration::from_secs(6);
+    loop {
+        for n in group_nodes().await {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            assert!(
+                !n.spec
+                    .as_ref()
+                    .and_then(|s| s.unschedulable)
+                    .unwrap_or(false),
+                "the scaler cordoned {name}, whose only pod no budget lets leave"
+            );
+            let annotations = n.metadata.annotations.unwrap_or_default();
+            assert!(
+                !annotations.contains_key(nodeward::names::UNNEEDED_SINCE),
+                "the scaler counts {name} as unneeded although its pod cannot leave"
+            );
+        }
+        assert!(
+            cherry.deleted().is_empty(),
+            "a machine was deleted: {:?}",
+            cherry.deleted()
+        );
+        if status_time(&admin, &namespace)
+            .await
+            .is_some_and(|t| t > watch_until)
+        {
+            break;
+        }
+        assert!(
+            t2.elapsed() < LIMIT,
+            "the scaler's status did not advance past {watch_until}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("budget allows nothing -> both machines kept ({placed:?})");
+
+    // The budget opens to one disruption: one machine goes; its pod moves to the other first.
+    let t3 = Instant::now();
+    patch_merge(&budgets, "load", json!({"spec": {"maxUnavailable": 1}})).await;
+    loop {
+        let left = group_nodes().await;
+        let by_node = running_by_node(&pods).await;
+        let running: usize = by_node.values().sum();
+        assert!(
+            running >= 1,
+            "the budget was violated: no pod of the load running during the scale-down"
+        );
+        if left.len() == 1 && cherry.deleted().len() == 1 && running == 2 {
+            break;
+        }
+        assert!(
+            t3.elapsed() < LIMIT,
+            "consolidation: nodes left {:?}, deleted {:?}, running {by_node:?}",
+            left.iter()
+                .map(|n| n.metadata.name.clone())
+                .collect::<Vec<_>>(),
+            cherry.deleted()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "budget allows one -> one machine drained and deleted: {:?}",
+        t3.elapsed()
+    );
+
+    // Load goes away: the scaler drains and deletes the last machine.
     let t1 = Instant::now();
     deployments
         .delete("load", &Default::default())
         .await
         .expect("delete load");
-    let nodes: Api<Node> = Api::all(admin.clone());
     loop {
-        let left: Vec<String> = nodes
-            .list(&ListParams::default().labels(&format!("nodeward.io/node-group={group_name}")))
+        let left: Vec<String> = group_nodes()
             .await
-            .expect("nodes")
-            .items
             .into_iter()
             .filter_map(|n| n.metadata.name)
             .collect();
@@ -274,6 +376,101 @@ package_url = "https://10.0.2.101/nodeward.{ext}"
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin)
         .delete(&ns, &Default::default())
         .await;
+}
+
+/// Sets or removes the annotation that keeps a node out of scale-down.
+async fn annotate(nodes: &Api<Node>, node: &Node, value: Option<&str>) {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let patch = json!({"metadata": {"annotations": {nodeward::names::SCALE_DOWN_DISABLED: value}}});
+    nodes
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("annotate {name}: {e}"));
+}
+
+async fn patch_merge<K>(api: &Api<K>, name: &str, patch: Value)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("patch {name}: {e}"));
+}
+
+async fn scale(deployments: &Api<Deployment>, replicas: i32) {
+    patch_merge(deployments, "load", json!({"spec": {"replicas": replicas}})).await;
+}
+
+/// Running pods per node (pods not deleting).
+async fn running_by_node(pods: &Api<Pod>) -> BTreeMap<String, usize> {
+    let mut by_node = BTreeMap::new();
+    for p in pods.list(&ListParams::default()).await.expect("pods").items {
+        let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        if running && p.metadata.deletion_timestamp.is_none() {
+            let node = p.spec.and_then(|s| s.node_name).unwrap_or_default();
+            *by_node.entry(node).or_default() += 1;
+        }
+    }
+    by_node
+}
+
+/// Waits until the pods (all of them: none pending or deleting) satisfy `done`.
+async fn wait_pods(
+    pods: &Api<Pod>,
+    since: Instant,
+    what: &str,
+    done: impl Fn(&BTreeMap<String, usize>) -> bool,
+) -> BTreeMap<String, usize> {
+    loop {
+        let all = pods
+            .list(&ListParams::default())
+            .await
+            .expect("pods")
+            .items
+            .len();
+        let by_node = running_by_node(pods).await;
+        if by_node.values().sum::<usize>() == all && done(&by_node) {
+            return by_node;
+        }
+        assert!(
+            since.elapsed() < LIMIT,
+            "{what}: pods by node {by_node:?}, {all} in all"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the disruption controller has counted the budget.
+async fn wait_budget(
+    budgets: &Api<PodDisruptionBudget>,
+    since: Instant,
+    allowed: i32,
+    healthy: i32,
+) {
+    loop {
+        let b = budgets.get("load").await.expect("budget");
+        let generation = b.metadata.generation;
+        let st = b.status.unwrap_or_default();
+        if st.observed_generation == generation
+            && st.disruptions_allowed == allowed
+            && st.current_healthy == healthy
+        {
+            return;
+        }
+        assert!(since.elapsed() < LIMIT, "budget status {st:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// When the scaler's last pass ran, from its status ConfigMap.
+async fn status_time(admin: &kube::Client, namespace: &str) -> Option<jiff::Timestamp> {
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(admin.clone(), namespace)
+        .get_opt(nodeward::scaler::run::STATUS_CONFIGMAP)
+        .await
+        .expect("status ConfigMap")?;
+    let text = cm.data?.remove("status")?;
+    let doc: serde_norway::Value = serde_norway::from_str(&text).ok()?;
+    doc.get("time")?.as_str()?.parse().ok()
 }
 
 real_only! {
