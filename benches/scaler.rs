@@ -1,11 +1,13 @@
-//! Scaler benchmark: decision time and pending-to-create latency at 1,000 nodes, 30,000 running
-//! pods and 3,000 pending pods across 10 node groups.
+//! Scaler benchmark: decision time at 1,000 nodes, 30,000 running pods and 3,000 pending pods, and
+//! at 5,000 nodes, 150,000 running pods and 10,000 pending pods, across 10 node groups; and
+//! pending-to-create latency at the smaller size.
 //!
 //! Prints figures, asserts nothing about time (it depends on the machine):
-//! 1. `decide` alone on an in-memory snapshot (median of several runs);
+//! 1. `decide` alone on an in-memory snapshot (median of several runs), at both sizes;
 //! 2. one full pass against kube-emulator and cherry-emulator over HTTP: listing, deciding,
 //!    minting tokens, rendering cloud-init and creating machines; the time from the pass's start
-//!    to the first server existing at the provider is the pending-to-create latency.
+//!    to the first server existing at the provider is the pending-to-create latency. Only at
+//!    1,000 nodes: seeding the emulators with 150,000 pods over HTTP would take minutes.
 //!
 //! Run: `cargo bench --bench scaler` (`SCALER_BENCH_DECIDE_ONLY=1` skips the HTTP part). cluster-autoscaler's published scalability target at this
 //! size is 60 s from pending pod to scale-up decision.
@@ -22,18 +24,23 @@ use nodeward::scaler::resources::Resources;
 use nodeward::scaler::run::{RunOptions, Scaler};
 use serde_json::json;
 
+/// The HTTP pass runs at this size only.
 const NODES: usize = 1_000;
 const RUNNING: usize = 30_000;
 const PENDING: usize = 3_000;
+/// `decide` alone runs at each of these sizes: (nodes, running pods, pending pods).
+const SIZES: [(usize, usize, usize); 2] = [(NODES, RUNNING, PENDING), (5_000, 150_000, 10_000)];
 const GROUPS: usize = 10;
 const RUNS: usize = 7;
 const GROUP_LABEL: &str = "nodeward.io/node-group";
 
-fn group(i: usize) -> GroupSettings {
+/// `max` leaves each group room for 300 more nodes than its share of `nodes`, more than the
+/// pending pods need at either size.
+fn group(i: usize, nodes: usize) -> GroupSettings {
     GroupSettings {
         name: format!("pool-{i}"),
         min: 0,
-        max: 200,
+        max: (nodes / GROUPS + 300) as u32,
         standby: 0,
         priority: 0,
         plan: "e5_1620v4".into(),
@@ -64,10 +71,10 @@ fn running_cpu() -> i64 {
     120
 }
 
-fn snapshot() -> Snapshot {
+fn snapshot(nodes: usize, running: usize, pending: usize) -> Snapshot {
     let t0: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().expect("time");
     let mut snap = Snapshot::default();
-    for i in 0..NODES {
+    for i in 0..nodes {
         let name = node_name(i);
         snap.nodes.push(NodeView {
             name: name.clone(),
@@ -117,20 +124,21 @@ fn snapshot() -> Snapshot {
             .unwrap_or_default(),
         affinity_terms: Vec::new(),
         tolerations: Vec::new(),
+        constraints: None,
         controller_kind: Some("ReplicaSet".into()),
         mirror: false,
         safe_to_evict: None,
         local_storage: false,
     };
-    for i in 0..RUNNING {
+    for i in 0..running {
         snap.pods.push(pod(
             format!("run-{i}"),
-            Some(node_name(i % NODES)),
+            Some(node_name(i % nodes)),
             running_cpu(),
             None,
         ));
     }
-    for i in 0..PENDING {
+    for i in 0..pending {
         let selector = (i % 2 == 0).then(|| format!("pool-{}", i % GROUPS));
         snap.pods
             .push(pod(format!("pending-{i}"), None, 1000, selector));
@@ -143,15 +151,15 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-fn settings() -> Settings {
+fn settings(nodes: usize) -> Settings {
     let mut s = Settings::default();
-    s.scaler.groups = (0..GROUPS).map(group).collect();
+    s.scaler.groups = (0..GROUPS).map(|i| group(i, nodes)).collect();
     s
 }
 
-fn bench_decide() {
-    let snap = snapshot();
-    let s = settings();
+fn bench_decide(nodes: usize, running: usize, pending: usize) {
+    let snap = snapshot(nodes, running, pending);
+    let s = settings(nodes);
     let now: jiff::Timestamp = "2026-01-01T00:05:00Z".parse().expect("time");
     let mut times = Vec::new();
     let mut actions = Vec::new();
@@ -175,7 +183,7 @@ fn bench_decide() {
         })
         .collect();
     println!(
-        "decide: {NODES} nodes, {RUNNING} running pods, {PENDING} pending pods, {GROUPS} groups: median {:.1} ms over {RUNS} runs (min {:.1} ms, max {:.1} ms); {machines} machines planned, {} pods left without a scale-up",
+        "decide: {nodes} nodes, {running} running pods, {pending} pending pods, {GROUPS} groups: median {:.1} ms over {RUNS} runs (min {:.1} ms, max {:.1} ms); {machines} machines planned, {} pods left without a scale-up",
         median(times.clone()).as_secs_f64() * 1e3,
         times
             .iter()
@@ -274,7 +282,7 @@ async fn bench_pass() {
         "api_server_endpoint = \"10.0.0.10:6443\"\nca_cert_hashes = [\"sha256:8c3d1e4f0a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d\"]\nkubernetes_version = \"v1.31.2\"\npackage_url = \"https://downloads.example.com/nodeward/nodeward_0.1.0.{ext}\"\n",
     )
     .expect("values");
-    let mut s = settings();
+    let mut s = settings(NODES);
     s.scaler.cluster_name = "bench".into();
     s.scaler.values = values;
     s.scaler.cherry.api_url = cherry.url();
@@ -354,7 +362,9 @@ async fn bench_pass() {
 }
 
 fn main() {
-    bench_decide();
+    for (nodes, running, pending) in SIZES {
+        bench_decide(nodes, running, pending);
+    }
     if std::env::var_os("SCALER_BENCH_DECIDE_ONLY").is_some() {
         return;
     }

@@ -92,6 +92,7 @@ fn pod(name: &str, cpu_milli: i64, mem_gi: i64) -> PodView {
         node_selector: BTreeMap::new(),
         affinity_terms: Vec::new(),
         tolerations: Vec::new(),
+        constraints: None,
         unschedulable: true,
         controller_kind: Some("ReplicaSet".into()),
         mirror: false,
