@@ -2,6 +2,11 @@
 //! at 5,000 nodes, 150,000 running pods and 10,000 pending pods, across 10 node groups; and
 //! pending-to-create latency at the smaller size.
 //!
+//! A tenth of the pending pods each have hostname anti-affinity (workloads of 10 replicas), zone
+//! spread (`maxSkew: 1`, `DoNotSchedule`) and zone affinity to a running workload; a tenth are
+//! kept off the nodes of the running pods that carry anti-affinity against them (every 50th).
+//! Nodes and groups are spread over 3 zones.
+//!
 //! Prints figures, asserts nothing about time (it depends on the machine):
 //! 1. `decide` alone on an in-memory snapshot (median of several runs), at both sizes;
 //! 2. one full pass against kube-emulator and cherry-emulator over HTTP: listing, deciding,
@@ -19,7 +24,10 @@ use std::time::{Duration, Instant};
 use cherry_emulator::{CherryEmulator, Options, PlanSpec};
 use kube_emulator::{Emulator, EmulatorOptions};
 use nodeward::config::{Capacity, GroupSettings, Settings};
-use nodeward::scaler::model::{MachineView, NodeView, PodView, Snapshot};
+use nodeward::scaler::model::{
+    MachineView, Namespaces, NodeView, PodConstraints, PodTermView, PodView, SelectorView,
+    Snapshot, SpreadView,
+};
 use nodeward::scaler::resources::Resources;
 use nodeward::scaler::run::{RunOptions, Scaler};
 use serde_json::json;
@@ -33,6 +41,10 @@ const SIZES: [(usize, usize, usize); 2] = [(NODES, RUNNING, PENDING), (5_000, 15
 const GROUPS: usize = 10;
 const RUNS: usize = 7;
 const GROUP_LABEL: &str = "nodeward.io/node-group";
+const HOSTNAME: &str = "kubernetes.io/hostname";
+const ZONE: &str = "topology.kubernetes.io/zone";
+/// Groups (and their nodes) spread over this many zones.
+const ZONES: usize = 3;
 
 /// `max` leaves each group room for 300 more nodes than its share of `nodes`, more than the
 /// pending pods need at either size.
@@ -47,7 +59,7 @@ fn group(i: usize, nodes: usize) -> GroupSettings {
         region: "eu_nord_1".into(),
         image: "ubuntu_24_04".into(),
         ssh_keys: Vec::new(),
-        labels: BTreeMap::new(),
+        labels: BTreeMap::from([(ZONE.to_string(), format!("zone-{}", i % ZONES))]),
         taints: Vec::new(),
         template: concat!(env!("CARGO_MANIFEST_DIR"), "/cloud-init/worker.yaml.tera").into(),
         hostname_pattern: None,
@@ -81,6 +93,7 @@ fn snapshot(nodes: usize, running: usize, pending: usize) -> Snapshot {
             labels: BTreeMap::from([
                 ("kubernetes.io/hostname".to_string(), name.clone()),
                 (GROUP_LABEL.to_string(), format!("pool-{}", i % GROUPS)),
+                (ZONE.to_string(), format!("zone-{}", (i % GROUPS) % ZONES)),
             ]),
             taints: Vec::new(),
             unschedulable: false,
@@ -131,19 +144,77 @@ fn snapshot(nodes: usize, running: usize, pending: usize) -> Snapshot {
         local_storage: false,
     };
     for i in 0..running {
-        snap.pods.push(pod(
+        let mut p = pod(
             format!("run-{i}"),
             Some(node_name(i % nodes)),
             running_cpu(),
             None,
-        ));
+        );
+        p.labels = app(format!("w{}", i % 50));
+        if i % 50 == 0 {
+            // Keeps pods labelled `app=noisy` off its node.
+            p.constraints = Some(Box::new(PodConstraints {
+                anti_affinity: vec![term("noisy", HOSTNAME)],
+                ..PodConstraints::default()
+            }));
+        }
+        snap.pods.push(p);
     }
     for i in 0..pending {
         let selector = (i % 2 == 0).then(|| format!("pool-{}", i % GROUPS));
-        snap.pods
-            .push(pod(format!("pending-{i}"), None, 1000, selector));
+        let mut p = pod(format!("pending-{i}"), None, 1000, selector);
+        let workload = format!("{}-{}", i % 10, i / 100);
+        let c = match i % 10 {
+            // Workloads of 10 replicas, one per node.
+            1 => PodConstraints {
+                anti_affinity: vec![term(&workload, HOSTNAME)],
+                ..PodConstraints::default()
+            },
+            // Workloads of 10 replicas spread over the zones (odd: not pinned to a group).
+            5 => PodConstraints {
+                spread: vec![SpreadView {
+                    max_skew: 1,
+                    topology_key: ZONE.into(),
+                    selector: term(&workload, ZONE).selector,
+                    min_domains: 1,
+                    ignore_node_affinity: false,
+                }],
+                ..PodConstraints::default()
+            },
+            // Wants to share a zone with a running workload.
+            3 => PodConstraints {
+                affinity: vec![term(&format!("w{}", i % 50), ZONE)],
+                ..PodConstraints::default()
+            },
+            _ => PodConstraints::default(),
+        };
+        p.labels = app(if i % 10 == 4 {
+            "noisy".into()
+        } else {
+            workload
+        });
+        if c != PodConstraints::default() {
+            p.constraints = Some(Box::new(c));
+        }
+        snap.pods.push(p);
     }
     snap
+}
+
+fn app(name: String) -> BTreeMap<String, String> {
+    BTreeMap::from([("app".to_string(), name)])
+}
+
+/// A required term selecting `app=<name>` in the default namespace.
+fn term(name: &str, key: &str) -> PodTermView {
+    PodTermView {
+        namespaces: Namespaces::Only(vec!["default".into()]),
+        selector: Some(SelectorView {
+            labels: app(name.to_string()),
+            expressions: Vec::new(),
+        }),
+        topology_key: key.into(),
+    }
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

@@ -6,7 +6,12 @@
 //! Scale-up packs unschedulable pods first-fit-decreasing: onto free room on schedulable nodes,
 //! onto nodes still booting (the startup taint means "coming", not "unschedulable"), onto machines
 //! created but not yet registered, and only then onto new nodes of a group, chosen by the
-//! expander. Scale-down simulates moving every pod of an under-used node onto the other nodes;
+//! expander. Packing honours the hard inter-pod constraints — required pod affinity and
+//! anti-affinity, both the pending pod's and running pods' against it, and `DoNotSchedule`
+//! topology spread — counted per topology domain by [`topology`]; a new node is its own hostname
+//! domain. Soft ones (preferred terms, `ScheduleAnyway`) are ignored: they never keep a pod
+//! pending. First fit uses per-class segment trees ([`first_fit`]) rather than a scan of every
+//! bin per pod. Scale-down simulates moving every pod of an under-used node onto the other nodes;
 //! the node is removed only after it stayed unneeded for `scale_down_unneeded_time`, a time kept
 //! in the node's annotation so a restarted scaler picks up where the last one stopped.
 //!
@@ -379,7 +384,8 @@ struct BinClass<'a> {
 
 impl<'b> BinClasses<'b> {
     fn new(bins: &[Bin<'b>], startup_free: &'b [Vec<TaintView>]) -> Self {
-        let mut index: HashMap<(Vec<(&str, &str)>, &[TaintView]), usize> = HashMap::new();
+        type ClassKey<'k> = (Vec<(&'k str, &'k str)>, &'k [TaintView]);
+        let mut index: HashMap<ClassKey<'_>, usize> = HashMap::new();
         let mut classes: Vec<BinClass<'b>> = Vec::new();
         for (i, b) in bins.iter().enumerate() {
             let taints: &'b [TaintView] = startup_free.get(i).map_or(b.taints, Vec::as_slice);
@@ -826,7 +832,7 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
         // First fit across the classes: the lowest bin index any of them offers.
         let mut best: Option<(usize, usize, usize)> = None;
         for (ci, class) in classes.classes.iter().enumerate() {
-            if host_free && !(selects(p, &class.labels, "") && tolerates(p, &class.taints)) {
+            if host_free && !(selects(p, &class.labels, "") && tolerates(p, class.taints)) {
                 continue;
             }
             let mut from = 0;

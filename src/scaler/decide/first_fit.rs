@@ -18,15 +18,6 @@ pub(super) struct FirstFit {
 }
 
 impl FirstFit {
-    /// A tree over these free amounts, in order.
-    pub(super) fn new<'r>(free: impl IntoIterator<Item = &'r Resources>) -> Self {
-        let mut t = Self::default();
-        for f in free {
-            t.push(f);
-        }
-        t
-    }
-
     /// Appends a place.
     pub(super) fn push(&mut self, free: &Resources) {
         if self.len == self.width {
@@ -119,7 +110,10 @@ mod tests {
 
     #[test]
     fn finds_the_first_place_with_room_at_or_after_from() {
-        let mut t = FirstFit::new(&[r(100), r(500), r(300), r(900)]);
+        let mut t = FirstFit::default();
+        for cpu in [100, 500, 300, 900] {
+            t.push(&r(cpu));
+        }
         assert_eq!(t.first(0, &r(200)), Some(1));
         assert_eq!(t.first(2, &r(200)), Some(2));
         assert_eq!(t.first(0, &r(600)), Some(3));

@@ -163,7 +163,7 @@ pub(super) struct Topology {
     journal: Vec<Undo>,
 }
 
-/// Finds or adds `item` in `list`, by value.
+/// The index of `item`, added with `add` when it is new.
 fn intern<T: PartialEq + Eq + std::hash::Hash + Clone>(
     index: &mut HashMap<T, usize>,
     item: T,
@@ -356,8 +356,9 @@ impl Topology {
 
         // Which counters count each pod, and whose carried anti-affinity selects it. Pods of one
         // workload share namespace and labels: match them once.
-        let mut by_labels: HashMap<(&str, &BTreeMap<String, String>), (Vec<usize>, Vec<usize>)> =
-            HashMap::new();
+        /// The counters that count a pod, and the carriers whose anti-affinity selects it.
+        type Matches = (Vec<usize>, Vec<usize>);
+        let mut by_labels: HashMap<(&str, &BTreeMap<String, String>), Matches> = HashMap::new();
         let (counters, carriers) = (&t.counters, &t.carriers);
         let mut matches = |p: &'p PodView| -> (Vec<usize>, Vec<usize>) {
             let of = |list: &[Counter]| -> Vec<usize> {
@@ -550,10 +551,12 @@ impl Topology {
 
     /// Records pending pod `qi` at `place`.
     pub(super) fn place(&mut self, qi: usize, place: Place) {
-        let Some(needs) = self.needs.get(qi) else {
+        if qi >= self.needs.len() {
             return;
-        };
-        let (counted_by, carries) = (needs.counted_by.clone(), needs.carries.clone());
+        }
+        // Taken out and put back, so placing does not allocate.
+        let counted_by = std::mem::take(&mut self.needs[qi].counted_by);
+        let carries = std::mem::take(&mut self.needs[qi].carries);
         if let Some(g) = self.template_group(place) {
             // A node that is not there yet becomes a domain of the spreads it is eligible for.
             for si in 0..self.spreads.len() {
@@ -576,7 +579,7 @@ impl Topology {
                 self.journal.push(Undo::Eligible { spread: si });
             }
         }
-        for ci in counted_by {
+        for &ci in &counted_by {
             let Some(d) = self.domain(self.counters[ci].key, place) else {
                 continue;
             };
@@ -594,7 +597,7 @@ impl Topology {
                 d,
             });
         }
-        for ci in carries {
+        for &ci in &carries {
             let Some(d) = self.domain(self.carriers[ci].key, place) else {
                 continue;
             };
@@ -605,6 +608,8 @@ impl Topology {
                 d,
             });
         }
+        self.needs[qi].counted_by = counted_by;
+        self.needs[qi].carries = carries;
     }
 
     /// Where [`rollback`](Self::rollback) returns to.
