@@ -272,6 +272,9 @@ fn bench_decide(nodes: usize, running: usize, pending: usize) {
             * 1e3,
         refused.len(),
     );
+    if let Some(reason) = refused.first() {
+        println!("  first pod left without a scale-up: {reason}");
+    }
 }
 
 async fn bench_pass() {
