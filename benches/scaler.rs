@@ -1,11 +1,18 @@
-//! Scaler benchmark: decision time and pending-to-create latency at 1,000 nodes, 30,000 running
-//! pods and 3,000 pending pods across 10 node groups.
+//! Scaler benchmark: decision time at 1,000 nodes, 30,000 running pods and 3,000 pending pods, and
+//! at 5,000 nodes, 150,000 running pods and 10,000 pending pods, across 10 node groups; and
+//! pending-to-create latency at the smaller size.
+//!
+//! A tenth of the pending pods each have hostname anti-affinity (workloads of 10 replicas), zone
+//! spread (`maxSkew: 1`, `DoNotSchedule`) and zone affinity to a running workload; a tenth are
+//! kept off the nodes of the running pods that carry anti-affinity against them (every 50th).
+//! Nodes and groups are spread over 3 zones.
 //!
 //! Prints figures, asserts nothing about time (it depends on the machine):
-//! 1. `decide` alone on an in-memory snapshot (median of several runs);
+//! 1. `decide` alone on an in-memory snapshot (median of several runs), at both sizes;
 //! 2. one full pass against kube-emulator and cherry-emulator over HTTP: listing, deciding,
 //!    minting tokens, rendering cloud-init and creating machines; the time from the pass's start
-//!    to the first server existing at the provider is the pending-to-create latency.
+//!    to the first server existing at the provider is the pending-to-create latency. Only at
+//!    1,000 nodes: seeding the emulators with 150,000 pods over HTTP would take minutes.
 //!
 //! Run: `cargo bench --bench scaler` (`SCALER_BENCH_DECIDE_ONLY=1` skips the HTTP part). cluster-autoscaler's published scalability target at this
 //! size is 60 s from pending pod to scale-up decision.
@@ -17,30 +24,42 @@ use std::time::{Duration, Instant};
 use cherry_emulator::{CherryEmulator, Options, PlanSpec};
 use kube_emulator::{Emulator, EmulatorOptions};
 use nodeward::config::{Capacity, GroupSettings, Settings};
-use nodeward::scaler::model::{MachineView, NodeView, PodView, Snapshot};
+use nodeward::scaler::model::{
+    MachineView, Namespaces, NodeView, PodConstraints, PodTermView, PodView, SelectorView,
+    Snapshot, SpreadView,
+};
 use nodeward::scaler::resources::Resources;
 use nodeward::scaler::run::{RunOptions, Scaler};
 use serde_json::json;
 
+/// The HTTP pass runs at this size only.
 const NODES: usize = 1_000;
 const RUNNING: usize = 30_000;
 const PENDING: usize = 3_000;
+/// `decide` alone runs at each of these sizes: (nodes, running pods, pending pods).
+const SIZES: [(usize, usize, usize); 2] = [(NODES, RUNNING, PENDING), (5_000, 150_000, 10_000)];
 const GROUPS: usize = 10;
 const RUNS: usize = 7;
 const GROUP_LABEL: &str = "nodeward.io/node-group";
+const HOSTNAME: &str = "kubernetes.io/hostname";
+const ZONE: &str = "topology.kubernetes.io/zone";
+/// Groups (and their nodes) spread over this many zones.
+const ZONES: usize = 3;
 
-fn group(i: usize) -> GroupSettings {
+/// `max` leaves each group room for 300 more nodes than its share of `nodes`, more than the
+/// pending pods need at either size.
+fn group(i: usize, nodes: usize) -> GroupSettings {
     GroupSettings {
         name: format!("pool-{i}"),
         min: 0,
-        max: 200,
+        max: (nodes / GROUPS + 300) as u32,
         standby: 0,
         priority: 0,
         plan: "e5_1620v4".into(),
         region: "eu_nord_1".into(),
         image: "ubuntu_24_04".into(),
         ssh_keys: Vec::new(),
-        labels: BTreeMap::new(),
+        labels: BTreeMap::from([(ZONE.to_string(), format!("zone-{}", i % ZONES))]),
         taints: Vec::new(),
         template: concat!(env!("CARGO_MANIFEST_DIR"), "/cloud-init/worker.yaml.tera").into(),
         hostname_pattern: None,
@@ -64,16 +83,17 @@ fn running_cpu() -> i64 {
     120
 }
 
-fn snapshot() -> Snapshot {
+fn snapshot(nodes: usize, running: usize, pending: usize) -> Snapshot {
     let t0: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().expect("time");
     let mut snap = Snapshot::default();
-    for i in 0..NODES {
+    for i in 0..nodes {
         let name = node_name(i);
         snap.nodes.push(NodeView {
             name: name.clone(),
             labels: BTreeMap::from([
                 ("kubernetes.io/hostname".to_string(), name.clone()),
                 (GROUP_LABEL.to_string(), format!("pool-{}", i % GROUPS)),
+                (ZONE.to_string(), format!("zone-{}", (i % GROUPS) % ZONES)),
             ]),
             taints: Vec::new(),
             unschedulable: false,
@@ -117,25 +137,84 @@ fn snapshot() -> Snapshot {
             .unwrap_or_default(),
         affinity_terms: Vec::new(),
         tolerations: Vec::new(),
+        constraints: None,
         controller_kind: Some("ReplicaSet".into()),
         mirror: false,
         safe_to_evict: None,
         local_storage: false,
     };
-    for i in 0..RUNNING {
-        snap.pods.push(pod(
+    for i in 0..running {
+        let mut p = pod(
             format!("run-{i}"),
-            Some(node_name(i % NODES)),
+            Some(node_name(i % nodes)),
             running_cpu(),
             None,
-        ));
+        );
+        p.labels = app(format!("w{}", i % 50));
+        if i % 50 == 0 {
+            // Keeps pods labelled `app=noisy` off its node.
+            p.constraints = Some(Box::new(PodConstraints {
+                anti_affinity: vec![term("noisy", HOSTNAME)],
+                ..PodConstraints::default()
+            }));
+        }
+        snap.pods.push(p);
     }
-    for i in 0..PENDING {
+    for i in 0..pending {
         let selector = (i % 2 == 0).then(|| format!("pool-{}", i % GROUPS));
-        snap.pods
-            .push(pod(format!("pending-{i}"), None, 1000, selector));
+        let mut p = pod(format!("pending-{i}"), None, 1000, selector);
+        let workload = format!("{}-{}", i % 10, i / 100);
+        let c = match i % 10 {
+            // Workloads of 10 replicas, one per node.
+            1 => PodConstraints {
+                anti_affinity: vec![term(&workload, HOSTNAME)],
+                ..PodConstraints::default()
+            },
+            // Workloads of 10 replicas spread over the zones (odd: not pinned to a group).
+            5 => PodConstraints {
+                spread: vec![SpreadView {
+                    max_skew: 1,
+                    topology_key: ZONE.into(),
+                    selector: term(&workload, ZONE).selector,
+                    min_domains: 1,
+                    ignore_node_affinity: false,
+                }],
+                ..PodConstraints::default()
+            },
+            // Wants to share a zone with a running workload.
+            3 => PodConstraints {
+                affinity: vec![term(&format!("w{}", i % 50), ZONE)],
+                ..PodConstraints::default()
+            },
+            _ => PodConstraints::default(),
+        };
+        p.labels = app(if i % 10 == 4 {
+            "noisy".into()
+        } else {
+            workload
+        });
+        if c != PodConstraints::default() {
+            p.constraints = Some(Box::new(c));
+        }
+        snap.pods.push(p);
     }
     snap
+}
+
+fn app(name: String) -> BTreeMap<String, String> {
+    BTreeMap::from([("app".to_string(), name)])
+}
+
+/// A required term selecting `app=<name>` in the default namespace.
+fn term(name: &str, key: &str) -> PodTermView {
+    PodTermView {
+        namespaces: Namespaces::Only(vec!["default".into()]),
+        selector: Some(SelectorView {
+            labels: app(name.to_string()),
+            expressions: Vec::new(),
+        }),
+        topology_key: key.into(),
+    }
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -143,15 +222,15 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-fn settings() -> Settings {
+fn settings(nodes: usize) -> Settings {
     let mut s = Settings::default();
-    s.scaler.groups = (0..GROUPS).map(group).collect();
+    s.scaler.groups = (0..GROUPS).map(|i| group(i, nodes)).collect();
     s
 }
 
-fn bench_decide() {
-    let snap = snapshot();
-    let s = settings();
+fn bench_decide(nodes: usize, running: usize, pending: usize) {
+    let snap = snapshot(nodes, running, pending);
+    let s = settings(nodes);
     let now: jiff::Timestamp = "2026-01-01T00:05:00Z".parse().expect("time");
     let mut times = Vec::new();
     let mut actions = Vec::new();
@@ -175,7 +254,7 @@ fn bench_decide() {
         })
         .collect();
     println!(
-        "decide: {NODES} nodes, {RUNNING} running pods, {PENDING} pending pods, {GROUPS} groups: median {:.1} ms over {RUNS} runs (min {:.1} ms, max {:.1} ms); {machines} machines planned, {} pods left without a scale-up",
+        "decide: {nodes} nodes, {running} running pods, {pending} pending pods, {GROUPS} groups: median {:.1} ms over {RUNS} runs (min {:.1} ms, max {:.1} ms); {machines} machines planned, {} pods left without a scale-up",
         median(times.clone()).as_secs_f64() * 1e3,
         times
             .iter()
@@ -193,6 +272,9 @@ fn bench_decide() {
             * 1e3,
         refused.len(),
     );
+    if let Some(reason) = refused.first() {
+        println!("  first pod left without a scale-up: {reason}");
+    }
 }
 
 async fn bench_pass() {
@@ -274,7 +356,7 @@ async fn bench_pass() {
         "api_server_endpoint = \"10.0.0.10:6443\"\nca_cert_hashes = [\"sha256:8c3d1e4f0a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d\"]\nkubernetes_version = \"v1.31.2\"\npackage_url = \"https://downloads.example.com/nodeward/nodeward_0.1.0.{ext}\"\n",
     )
     .expect("values");
-    let mut s = settings();
+    let mut s = settings(NODES);
     s.scaler.cluster_name = "bench".into();
     s.scaler.values = values;
     s.scaler.cherry.api_url = cherry.url();
@@ -354,7 +436,9 @@ async fn bench_pass() {
 }
 
 fn main() {
-    bench_decide();
+    for (nodes, running, pending) in SIZES {
+        bench_decide(nodes, running, pending);
+    }
     if std::env::var_os("SCALER_BENCH_DECIDE_ONLY").is_some() {
         return;
     }

@@ -6,7 +6,12 @@
 //! Scale-up packs unschedulable pods first-fit-decreasing: onto free room on schedulable nodes,
 //! onto nodes still booting (the startup taint means "coming", not "unschedulable"), onto machines
 //! created but not yet registered, and only then onto new nodes of a group, chosen by the
-//! expander. Scale-down simulates moving every pod of an under-used node onto the other nodes;
+//! expander. Packing honours the hard inter-pod constraints — required pod affinity and
+//! anti-affinity, both the pending pod's and running pods' against it, and `DoNotSchedule`
+//! topology spread — counted per topology domain by [`topology`]; a new node is its own hostname
+//! domain. Soft ones (preferred terms, `ScheduleAnyway`) are ignored: they never keep a pod
+//! pending. First fit uses per-class segment trees ([`first_fit`]) rather than a scan of every
+//! bin per pod. Scale-down simulates moving every pod of an under-used node onto the other nodes;
 //! the node is removed only after it stayed unneeded for `scale_down_unneeded_time`, a time kept
 //! in the node's annotation so a restarted scaler picks up where the last one stopped.
 //!
@@ -28,6 +33,8 @@ use super::model::{
 use super::resources::Resources;
 use crate::config::{Expander, GroupSettings, ScalerSettings};
 use crate::names::NODE_GROUP_LABEL;
+use first_fit::FirstFit;
+use topology::{BinSite, HOSTNAME, Place, Topology};
 
 /// Why a group grows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -348,6 +355,67 @@ struct Bin<'a> {
     claimed: bool,
 }
 
+/// Whether a pod's node selector or required node affinity looks at a node's own name, so bins
+/// that share labels but for their hostname may still differ for it.
+fn hostname_sensitive(p: &PodView) -> bool {
+    p.node_selector.contains_key(HOSTNAME)
+        || p.affinity_terms
+            .iter()
+            .flatten()
+            .any(|r| r.field || r.key == HOSTNAME)
+}
+
+/// Bins with the same labels (hostname aside) and lasting taints form a class: a pod's node
+/// selector, node affinity and tolerations are checked once per class, and each class keeps a
+/// [`FirstFit`] tree over its bins' free room, so packing 10,000 pending pods is not a scan of
+/// every bin per pod.
+struct BinClasses<'a> {
+    classes: Vec<BinClass<'a>>,
+}
+
+struct BinClass<'a> {
+    /// The labels of the class, without the hostname.
+    labels: BTreeMap<String, String>,
+    taints: &'a [TaintView],
+    /// Bin indices, ascending.
+    bins: Vec<usize>,
+    fit: FirstFit,
+}
+
+impl<'b> BinClasses<'b> {
+    fn new(bins: &[Bin<'b>], startup_free: &'b [Vec<TaintView>]) -> Self {
+        type ClassKey<'k> = (Vec<(&'k str, &'k str)>, &'k [TaintView]);
+        let mut index: HashMap<ClassKey<'_>, usize> = HashMap::new();
+        let mut classes: Vec<BinClass<'b>> = Vec::new();
+        for (i, b) in bins.iter().enumerate() {
+            let taints: &'b [TaintView] = startup_free.get(i).map_or(b.taints, Vec::as_slice);
+            let labels: Vec<(&str, &str)> = b
+                .labels
+                .iter()
+                .filter(|(k, _)| k.as_str() != HOSTNAME)
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let ci = *index
+                .entry((labels, taints))
+                .or_insert_with_key(|(labels, _)| {
+                    classes.push(BinClass {
+                        labels: labels
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .collect(),
+                        taints,
+                        bins: Vec::new(),
+                        fit: FirstFit::default(),
+                    });
+                    classes.len() - 1
+                });
+            classes[ci].bins.push(i);
+            classes[ci].fit.push(&b.free);
+        }
+        Self { classes }
+    }
+}
+
 /// What one new node of a group looks like.
 #[derive(Debug, Clone)]
 struct Template {
@@ -468,7 +536,10 @@ impl SplitMix {
 struct Expansion {
     group: usize,
     nodes: u32,
+    /// Indices into the unplaced pods.
     placed: Vec<usize>,
+    /// For each placed pod, which of the new nodes it went to.
+    on_node: Vec<usize>,
     waste: f64,
 }
 
@@ -737,22 +808,64 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
             .cmp(&(a.requests.cpu_milli, a.requests.memory))
             .then_with(|| a.key().cmp(&b.key()))
     });
-    let mut unplaced: Vec<&PodView> = Vec::new();
-    for p in &pending {
-        let mut placed = false;
-        for (i, b) in bins.iter_mut().enumerate() {
-            let taints: &[TaintView] = startup_free.get(i).map_or(b.taints, Vec::as_slice);
-            if b.free.fits(&p.requests) && selects(p, b.labels, b.name) && tolerates(p, taints) {
-                b.free.sub(&p.requests);
-                b.claimed = true;
-                placed = true;
-                break;
+    let machine_of: Vec<Option<usize>> = bins
+        .iter()
+        .zip(bin_group.iter())
+        .map(|(b, &g)| if b.name.is_empty() { g } else { None })
+        .collect();
+    let sites: Vec<BinSite<'_>> = bins
+        .iter()
+        .zip(&machine_of)
+        .map(|(b, &machine_of)| BinSite {
+            labels: b.labels,
+            machine_of,
+        })
+        .collect();
+    let template_labels: Vec<&BTreeMap<String, String>> =
+        templates.iter().map(|t| &t.labels).collect();
+    let mut topo = Topology::new(&snap.nodes, pods_on, &sites, &template_labels, &pending);
+    let mut classes = BinClasses::new(bins, startup_free.as_slice());
+    // Pending pods (by index in `pending`) that fit no bin.
+    let mut unplaced_q: Vec<usize> = Vec::new();
+    for (qi, p) in pending.iter().enumerate() {
+        let host_free = !hostname_sensitive(p);
+        // First fit across the classes: the lowest bin index any of them offers.
+        let mut best: Option<(usize, usize, usize)> = None;
+        for (ci, class) in classes.classes.iter().enumerate() {
+            if host_free && !(selects(p, &class.labels, "") && tolerates(p, class.taints)) {
+                continue;
+            }
+            let mut from = 0;
+            while let Some(pos) = class.fit.first(from, &p.requests) {
+                let i = class.bins[pos];
+                if best.is_some_and(|(b, ..)| b < i) {
+                    break;
+                }
+                let b = &bins[i];
+                let taints: &[TaintView] = startup_free.get(i).map_or(b.taints, Vec::as_slice);
+                if b.free.fits(&p.requests)
+                    && selects(p, b.labels, b.name)
+                    && tolerates(p, taints)
+                    && topo.allows(qi, Place::Bin(i))
+                {
+                    best = Some((i, ci, pos));
+                    break;
+                }
+                from = pos + 1;
             }
         }
-        if !placed {
-            unplaced.push(p);
+        match best {
+            Some((i, ci, pos)) => {
+                let b = &mut bins[i];
+                b.free.sub(&p.requests);
+                b.claimed = true;
+                classes.classes[ci].fit.set(pos, &b.free);
+                topo.place(qi, Place::Bin(i));
+            }
+            None => unplaced_q.push(qi),
         }
     }
+    let unplaced: Vec<&PodView> = unplaced_q.iter().map(|&qi| pending[qi]).collect();
 
     // Which pods each group's template can ever take (selector, affinity, taints, size).
     let fits_template: Vec<Vec<bool>> = templates
@@ -771,6 +884,8 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
     let mut order: Vec<usize> = (0..unplaced.len()).collect();
     order.sort_by_key(|&pi| (fits_template.iter().filter(|f| f[pi]).count(), pi));
     let mut remaining: Vec<bool> = vec![true; unplaced.len()];
+    // Pods a group's new node would take but for pod (anti-)affinity or topology spread.
+    let mut blocked: Vec<Vec<bool>> = vec![vec![false; unplaced.len()]; templates.len()];
     let mut rng = SplitMix(fnv(
         &now.as_second().to_le_bytes(),
         unplaced
@@ -784,27 +899,65 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
             if room == 0 || backing_off[gi] {
                 continue;
             }
-            let mut nodes: Vec<Resources> = Vec::new();
+            // The trial's placements are undone after it: groups are compared on one state.
+            let mark = topo.mark();
+            let mut nodes: Vec<(Resources, u32)> = Vec::new();
+            let mut fit = FirstFit::default();
             let mut placed = Vec::new();
+            let mut on_node = Vec::new();
             let mut requested = Resources::default();
             for &pi in &order {
-                let p = unplaced[pi];
+                let (p, qi) = (unplaced[pi], unplaced_q[pi]);
                 if !remaining[pi] || !fits_template[gi][pi] {
                     continue;
                 }
-                let open = nodes.len() as u32;
-                match nodes.iter_mut().find(|f| f.fits(&p.requests)) {
-                    Some(f) => f.sub(&p.requests),
-                    None if open < room => {
-                        let mut f = t.free.clone();
-                        f.sub(&p.requests);
-                        nodes.push(f);
+                let mut target = None;
+                let mut from = 0;
+                while let Some(j) = fit.first(from, &p.requests) {
+                    let (free, host) = &nodes[j];
+                    if free.fits(&p.requests)
+                        && topo.allows(
+                            qi,
+                            Place::New {
+                                group: gi,
+                                host: *host,
+                            },
+                        )
+                    {
+                        target = Some(j);
+                        break;
+                    }
+                    from = j + 1;
+                }
+                let j = match target {
+                    Some(j) => j,
+                    None if (nodes.len() as u32) < room => {
+                        let host = topo.peek_host();
+                        if !topo.allows(qi, Place::New { group: gi, host }) {
+                            blocked[gi][pi] = true;
+                            continue;
+                        }
+                        nodes.push((t.free.clone(), topo.take_host()));
+                        fit.push(&t.free);
+                        nodes.len() - 1
                     }
                     None => continue,
-                }
+                };
+                let (free, host) = &mut nodes[j];
+                free.sub(&p.requests);
+                fit.set(j, free);
+                topo.place(
+                    qi,
+                    Place::New {
+                        group: gi,
+                        host: *host,
+                    },
+                );
                 requested.add(&p.requests);
                 placed.push(pi);
+                on_node.push(j);
             }
+            topo.rollback(&mark);
             if placed.is_empty() {
                 continue;
             }
@@ -816,6 +969,7 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
                 group: gi,
                 nodes: nodes.len() as u32,
                 placed,
+                on_node,
                 waste,
             });
         }
@@ -844,8 +998,20 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
         };
         let Some(o) = chosen else { break };
         planned[o.group] += o.nodes;
-        for &pi in &o.placed {
+        let first_host = topo.peek_host();
+        for _ in 0..o.nodes {
+            topo.take_host();
+        }
+        for (&pi, &j) in o.placed.iter().zip(&o.on_node) {
             remaining[pi] = false;
+            let host = first_host + j as u32;
+            topo.place(
+                unplaced_q[pi],
+                Place::New {
+                    group: o.group,
+                    host,
+                },
+            );
         }
         actions.push(Action::ScaleUp {
             group: s.groups[o.group].name.clone(),
@@ -871,6 +1037,8 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
                 "backing off after failed machines"
             } else if headroom(s, gi, planned, size) == 0 {
                 "at max size"
+            } else if blocked[gi][pi] {
+                "pod affinity, anti-affinity or topology spread cannot be satisfied by a new node"
             } else {
                 "no room left in this pass"
             };
@@ -1191,5 +1359,7 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
     }
 }
 
+mod first_fit;
 #[cfg(test)]
 mod tests;
+mod topology;

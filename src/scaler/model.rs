@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, Toleration};
+use k8s_openapi::api::core::v1::{
+    Node, NodeSelectorRequirement, Pod, PodAffinityTerm, PodSpec, Toleration,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -27,7 +29,7 @@ pub const PROTECTED_ROLE_LABELS: &[&str] = &[
 ];
 
 /// A taint as decide uses it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TaintView {
     /// Key.
     pub key: String,
@@ -103,7 +105,7 @@ impl NodeView {
 }
 
 /// A label selector requirement of required node affinity.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Requirement {
     /// Label key (or `metadata.name` for a field requirement).
     pub key: String,
@@ -117,7 +119,7 @@ pub struct Requirement {
 
 /// A label selector (`matchLabels` and `matchExpressions`, the expressions with the operators
 /// of [`Requirement`]).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
 pub struct SelectorView {
     /// `matchLabels`.
     pub labels: BTreeMap<String, String>,
@@ -143,6 +145,67 @@ impl SelectorView {
                 .collect(),
         }
     }
+}
+
+/// The namespaces whose pods a pod (anti-)affinity term counts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Namespaces {
+    /// Every namespace: a `namespaceSelector` is set. Exact for the empty selector `{}`; for any
+    /// other a simplification, since the scaler does not list Namespaces and their labels.
+    All,
+    /// The term's `namespaces` (sorted), or the pod's own namespace when it names none.
+    Only(Vec<String>),
+}
+
+impl Namespaces {
+    /// Whether a pod of namespace `ns` is counted.
+    pub fn contain(&self, ns: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Only(v) => v.iter().any(|n| n == ns),
+        }
+    }
+}
+
+/// A required (`requiredDuringSchedulingIgnoredDuringExecution`) pod affinity or anti-affinity
+/// term.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PodTermView {
+    /// Whose pods it counts.
+    pub namespaces: Namespaces,
+    /// `labelSelector`; `None` selects no pod, as in core/v1.
+    pub selector: Option<SelectorView>,
+    /// `topologyKey`: the node label whose value is the domain.
+    pub topology_key: String,
+}
+
+/// A topology spread constraint with `whenUnsatisfiable: DoNotSchedule` (the scaler ignores
+/// `ScheduleAnyway`, which never keeps a pod pending).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SpreadView {
+    /// `maxSkew`.
+    pub max_skew: u32,
+    /// `topologyKey`.
+    pub topology_key: String,
+    /// `labelSelector`, over the pod's own namespace; `None` selects no pod.
+    pub selector: Option<SelectorView>,
+    /// `minDomains` (1 when unset): with fewer eligible domains the global minimum counts as 0.
+    pub min_domains: u32,
+    /// `nodeAffinityPolicy: Ignore`: every node with the key is a domain, not only those the
+    /// pod's node selector and required node affinity accept (`Honor`, the default).
+    pub ignore_node_affinity: bool,
+}
+
+/// A pod's hard inter-pod placement constraints. Absent (`None` in [`PodView`]) for the many pods
+/// that have none, so they cost one pointer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodConstraints {
+    /// Required pod affinity terms (all must hold).
+    pub affinity: Vec<PodTermView>,
+    /// Required pod anti-affinity terms (all must hold).
+    pub anti_affinity: Vec<PodTermView>,
+    /// `DoNotSchedule` topology spread constraints.
+    pub spread: Vec<SpreadView>,
 }
 
 /// A PodDisruptionBudget, as scale-down needs it.
@@ -207,6 +270,8 @@ pub struct PodView {
     pub affinity_terms: Vec<Vec<Requirement>>,
     /// Tolerations.
     pub tolerations: Vec<TolerationView>,
+    /// Required pod affinity and anti-affinity, `DoNotSchedule` topology spread; `None`: none.
+    pub constraints: Option<Box<PodConstraints>>,
     /// Pending with PodScheduled=False reason Unschedulable.
     pub unschedulable: bool,
     /// Kind of the controller owner, if any.
@@ -355,6 +420,72 @@ fn toleration(t: &Toleration) -> TolerationView {
     }
 }
 
+fn pod_term(t: &PodAffinityTerm, own_namespace: &str) -> PodTermView {
+    let namespaces = if t.namespace_selector.is_some() {
+        Namespaces::All
+    } else {
+        let mut v = t.namespaces.clone().unwrap_or_default();
+        if v.is_empty() {
+            v.push(own_namespace.to_string());
+        }
+        v.sort();
+        v.dedup();
+        Namespaces::Only(v)
+    };
+    PodTermView {
+        namespaces,
+        selector: t.label_selector.as_ref().map(SelectorView::from_selector),
+        topology_key: t.topology_key.clone(),
+    }
+}
+
+/// The pod's required inter-pod constraints; `None` when it has none.
+fn constraints(spec: &PodSpec, namespace: &str) -> Option<Box<PodConstraints>> {
+    let terms = |ts: Option<&Vec<PodAffinityTerm>>| -> Vec<PodTermView> {
+        ts.into_iter()
+            .flatten()
+            .map(|t| pod_term(t, namespace))
+            .collect()
+    };
+    let affinity = spec.affinity.as_ref();
+    let c = PodConstraints {
+        affinity: terms(
+            affinity
+                .and_then(|a| a.pod_affinity.as_ref())
+                .and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                }),
+        ),
+        anti_affinity: terms(
+            affinity
+                .and_then(|a| a.pod_anti_affinity.as_ref())
+                .and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                }),
+        ),
+        spread: spec
+            .topology_spread_constraints
+            .iter()
+            .flatten()
+            .filter(|c| c.when_unsatisfiable == "DoNotSchedule")
+            .map(|c| SpreadView {
+                max_skew: u32::try_from(c.max_skew).unwrap_or(1).max(1),
+                topology_key: c.topology_key.clone(),
+                selector: c.label_selector.as_ref().map(SelectorView::from_selector),
+                min_domains: c
+                    .min_domains
+                    .and_then(|m| u32::try_from(m).ok())
+                    .unwrap_or(1)
+                    .max(1),
+                ignore_node_affinity: c.node_affinity_policy.as_deref() == Some("Ignore"),
+            })
+            .collect(),
+    };
+    (c != PodConstraints::default()).then(|| Box::new(c))
+}
+
 /// Converts a Pod; `None` for a finished pod (Succeeded or Failed), which holds no resources.
 pub fn pod_view(pod: &Pod) -> Option<PodView> {
     let status = pod.status.as_ref();
@@ -430,8 +561,10 @@ pub fn pod_view(pod: &Pod) -> Option<PodView> {
         .flatten()
         .find(|o| o.controller == Some(true))
         .map(|o| o.kind.clone());
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     Some(PodView {
-        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        constraints: constraints(spec, &namespace),
+        namespace,
         name: pod.metadata.name.clone().unwrap_or_default(),
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         labels: pod.metadata.labels.clone().unwrap_or_default(),

@@ -1,7 +1,9 @@
 use super::*;
 use crate::config::{Capacity, GroupSettings};
 use crate::names::STARTUP_TAINT_KEY;
-use crate::scaler::model::{TolerationView, UNNEEDED_SINCE};
+use crate::scaler::model::{
+    Namespaces, PodConstraints, PodTermView, SpreadView, TolerationView, UNNEEDED_SINCE,
+};
 
 const GI: i64 = 1024 * 1024 * 1024;
 
@@ -92,6 +94,7 @@ fn pod(name: &str, cpu_milli: i64, mem_gi: i64) -> PodView {
         node_selector: BTreeMap::new(),
         affinity_terms: Vec::new(),
         tolerations: Vec::new(),
+        constraints: None,
         unschedulable: true,
         controller_kind: Some("ReplicaSet".into()),
         mirror: false,
@@ -498,6 +501,323 @@ fn selectors_affinity_and_taints() {
             assert_eq!(no_scale_up(&a).len(), 1, "{what}: a NoScaleUp is reported");
         }
     }
+}
+
+const ZONE: &str = "topology.kubernetes.io/zone";
+
+/// An `app=<app>` term over the default namespace on `key`.
+fn app_term(app: &str, key: &str) -> PodTermView {
+    PodTermView {
+        namespaces: Namespaces::Only(vec!["default".into()]),
+        selector: Some(SelectorView {
+            labels: BTreeMap::from([("app".to_string(), app.to_string())]),
+            expressions: Vec::new(),
+        }),
+        topology_key: key.into(),
+    }
+}
+
+fn constrained(mut p: PodView, c: PodConstraints) -> PodView {
+    p.constraints = Some(Box::new(c));
+    p
+}
+
+fn anti(p: PodView, app: &str, key: &str) -> PodView {
+    constrained(
+        p,
+        PodConstraints {
+            anti_affinity: vec![app_term(app, key)],
+            ..PodConstraints::default()
+        },
+    )
+}
+
+fn near(p: PodView, app: &str, key: &str) -> PodView {
+    constrained(
+        p,
+        PodConstraints {
+            affinity: vec![app_term(app, key)],
+            ..PodConstraints::default()
+        },
+    )
+}
+
+fn zone_spread(p: PodView, app: &str, max_skew: u32) -> PodView {
+    constrained(
+        p,
+        PodConstraints {
+            spread: vec![SpreadView {
+                max_skew,
+                topology_key: ZONE.into(),
+                selector: app_term(app, ZONE).selector,
+                min_domains: 1,
+                ignore_node_affinity: false,
+            }],
+            ..PodConstraints::default()
+        },
+    )
+}
+
+fn zoned(name: &str, min: u32, max: u32, zone: &str) -> GroupSettings {
+    let mut g = group(name, min, max);
+    g.labels.insert(ZONE.into(), zone.into());
+    g
+}
+
+/// A group member in `zone`.
+fn zoned_member(snap: &mut Snapshot, name: &str, group: &str, zone: &str) {
+    member(snap, name, group);
+    if let Some(n) = snap.nodes.last_mut() {
+        n.labels.insert(ZONE.into(), zone.into());
+    }
+}
+
+/// Required pod affinity, anti-affinity (both ways) and `DoNotSchedule` spread: which groups
+/// grow by how much, and which pods are refused for a constraint no new node can meet.
+#[test]
+fn inter_pod_constraints_shape_the_scale_up() {
+    struct Case {
+        name: &'static str,
+        groups: Vec<GroupSettings>,
+        snap: Snapshot,
+        ups: Vec<(&'static str, u32)>,
+        refused: Vec<&'static str>,
+    }
+    let web = || vec![group("web", 0, 10)];
+    let cases = vec![
+        Case {
+            name: "hostname anti-affinity: three replicas need three nodes",
+            groups: web(),
+            snap: Snapshot {
+                pods: (0..3)
+                    .map(|i| {
+                        anti(
+                            labelled(pod(&format!("r{i}"), 500, 1), "db"),
+                            "db",
+                            HOSTNAME,
+                        )
+                    })
+                    .collect(),
+                ..Snapshot::default()
+            },
+            ups: vec![("web", 3)],
+            refused: vec![],
+        },
+        Case {
+            name: "anti-affinity against a running pod: a new node, not the node with room",
+            groups: web(),
+            snap: {
+                let mut snap = Snapshot::default();
+                member(&mut snap, "a", "web");
+                snap.pods.push(on(labelled(pod("db-0", 500, 1), "db"), "a"));
+                snap.pods
+                    .push(anti(labelled(pod("db-1", 500, 1), "db"), "db", HOSTNAME));
+                snap
+            },
+            ups: vec![("web", 1)],
+            refused: vec![],
+        },
+        Case {
+            name: "a running pod's anti-affinity keeps the pending pod off its node",
+            groups: web(),
+            snap: {
+                let mut snap = Snapshot::default();
+                member(&mut snap, "a", "web");
+                snap.pods.push(on(
+                    anti(labelled(pod("db-0", 500, 1), "db"), "cache", HOSTNAME),
+                    "a",
+                ));
+                snap.pods.push(labelled(pod("cache-0", 500, 1), "cache"));
+                snap
+            },
+            ups: vec![("web", 1)],
+            refused: vec![],
+        },
+        Case {
+            name: "hostname affinity to a running pod on a full node: no useless scale-up",
+            groups: web(),
+            snap: {
+                let mut snap = Snapshot::default();
+                member(&mut snap, "a", "web");
+                member(&mut snap, "b", "web");
+                snap.pods
+                    .push(on(labelled(pod("db-0", 4000, 1), "db"), "b"));
+                snap.pods.push(near(pod("sidecar", 500, 1), "db", HOSTNAME));
+                snap
+            },
+            ups: vec![],
+            refused: vec!["default/sidecar"],
+        },
+        Case {
+            name: "zone affinity to a running pod: the group in its zone grows",
+            groups: vec![zoned("a", 0, 10, "zone-2"), zoned("b", 0, 10, "zone-1")],
+            snap: {
+                let mut snap = Snapshot::default();
+                zoned_member(&mut snap, "n1", "b", "zone-1");
+                snap.pods
+                    .push(on(labelled(pod("db-0", 4000, 1), "db"), "n1"));
+                snap.pods.push(near(pod("client", 500, 1), "db", ZONE));
+                snap
+            },
+            ups: vec![("b", 1)],
+            refused: vec![],
+        },
+        Case {
+            name: "a series with affinity to itself starts on one node, and stops when it is full",
+            groups: web(),
+            snap: Snapshot {
+                pods: (0..5)
+                    .map(|i| near(labelled(pod(&format!("s{i}"), 1000, 1), "s"), "s", HOSTNAME))
+                    .collect(),
+                ..Snapshot::default()
+            },
+            ups: vec![("web", 1)],
+            refused: vec!["default/s4"],
+        },
+        Case {
+            name: "zone anti-affinity: one replica per zone, one node per group",
+            groups: vec![
+                zoned("a", 0, 10, "zone-1"),
+                zoned("b", 0, 10, "zone-2"),
+                zoned("c", 0, 10, "zone-3"),
+            ],
+            snap: Snapshot {
+                pods: (0..3)
+                    .map(|i| anti(labelled(pod(&format!("r{i}"), 500, 1), "db"), "db", ZONE))
+                    .collect(),
+                ..Snapshot::default()
+            },
+            ups: vec![("a", 1), ("b", 1), ("c", 1)],
+            refused: vec![],
+        },
+        Case {
+            name: "zone spread with maxSkew 1: the zone that would not violate it grows",
+            groups: vec![zoned("a", 0, 10, "zone-1"), zoned("b", 0, 10, "zone-2")],
+            snap: {
+                let mut snap = Snapshot::default();
+                zoned_member(&mut snap, "n1", "a", "zone-1");
+                zoned_member(&mut snap, "n2", "b", "zone-2");
+                snap.pods
+                    .push(on(labelled(pod("web-0", 4000, 1), "web"), "n1"));
+                snap.pods.push(on(pod("filler", 4000, 1), "n2"));
+                snap.pods
+                    .push(zone_spread(labelled(pod("web-1", 500, 1), "web"), "web", 1));
+                snap
+            },
+            ups: vec![("b", 1)],
+            refused: vec![],
+        },
+        Case {
+            name: "zone spread no group can satisfy: refused, not a useless node",
+            groups: vec![zoned("a", 0, 10, "zone-1")],
+            snap: {
+                let mut snap = Snapshot::default();
+                zoned_member(&mut snap, "n1", "a", "zone-1");
+                snap.pods
+                    .push(on(labelled(pod("web-0", 4000, 1), "web"), "n1"));
+                // A full node outside any group keeps zone-2 in the spread, at 0.
+                snap.nodes.push(node("n2", None));
+                if let Some(n) = snap.nodes.last_mut() {
+                    n.labels.insert(ZONE.into(), "zone-2".into());
+                }
+                snap.pods.push(on(pod("filler", 4000, 1), "n2"));
+                snap.pods
+                    .push(zone_spread(labelled(pod("web-1", 500, 1), "web"), "web", 1));
+                snap
+            },
+            ups: vec![],
+            refused: vec!["default/web-1"],
+        },
+        Case {
+            name: "without constraints, three replicas share one node as before",
+            groups: web(),
+            snap: Snapshot {
+                pods: (0..3)
+                    .map(|i| labelled(pod(&format!("r{i}"), 500, 1), "db"))
+                    .collect(),
+                ..Snapshot::default()
+            },
+            ups: vec![("web", 1)],
+            refused: vec![],
+        },
+    ];
+    for c in cases {
+        let a = decide(&c.snap, t0(), &settings(c.groups));
+        let ups: Vec<(String, u32)> = scale_ups(&a).into_iter().map(|(g, n, _)| (g, n)).collect();
+        let want: Vec<(String, u32)> = c.ups.iter().map(|(g, n)| (g.to_string(), *n)).collect();
+        assert_eq!(ups, want, "{}: {a:?}", c.name);
+        let refused: Vec<String> = a
+            .iter()
+            .filter_map(|a| match a {
+                Action::NoScaleUp { pod, reason }
+                    if reason.contains(
+                        "pod affinity, anti-affinity or topology spread cannot be satisfied",
+                    ) =>
+                {
+                    Some(pod.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(refused, c.refused, "{}: {a:?}", c.name);
+    }
+}
+
+/// Only hard constraints reach the scaler: preferred terms and `ScheduleAnyway` spread leave a
+/// pod without constraints.
+#[test]
+fn pod_view_keeps_only_required_terms_and_do_not_schedule_spread() {
+    let pod = |affinity: serde_json::Value, spread: serde_json::Value| {
+        let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [{"name": "c"}], "affinity": affinity,
+                "topologySpreadConstraints": spread},
+        }))
+        .expect("pod");
+        crate::scaler::model::pod_view(&p)
+            .expect("view")
+            .constraints
+    };
+    let term = serde_json::json!({"labelSelector": {"matchLabels": {"app": "db"}},
+        "topologyKey": HOSTNAME});
+    let soft = pod(
+        serde_json::json!({
+            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":
+                [{"weight": 100, "podAffinityTerm": term}]},
+            "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":
+                [{"weight": 100, "podAffinityTerm": term}]},
+        }),
+        serde_json::json!([{"maxSkew": 1, "topologyKey": ZONE,
+            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app": "db"}}}]),
+    );
+    assert_eq!(soft, None);
+    let hard = pod(
+        serde_json::json!({
+            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]},
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": ZONE,
+                 "namespaceSelector": {}}]},
+        }),
+        serde_json::json!([{"maxSkew": 2, "topologyKey": ZONE, "minDomains": 3,
+            "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "db"}}}]),
+    )
+    .expect("constraints");
+    let mut own = app_term("db", HOSTNAME);
+    own.namespaces = Namespaces::Only(vec!["ns".into()]);
+    assert_eq!(hard.anti_affinity, vec![own]);
+    let mut all = app_term("db", ZONE);
+    all.namespaces = Namespaces::All;
+    assert_eq!(hard.affinity, vec![all]);
+    assert_eq!(
+        hard.spread,
+        vec![SpreadView {
+            max_skew: 2,
+            topology_key: ZONE.into(),
+            selector: app_term("db", ZONE).selector,
+            min_domains: 3,
+            ignore_node_affinity: false,
+        }]
+    );
 }
 
 #[test]

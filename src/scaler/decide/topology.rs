@@ -1,0 +1,674 @@
+//! Inter-pod constraints for scale-up's packing: required pod affinity and anti-affinity (the
+//! pod's own, and the anti-affinity of pods already placed against it, as the scheduler checks
+//! both ways) and `DoNotSchedule` topology spread.
+//!
+//! All three are counts of pods per topology domain (the value of a node label), so the index
+//! keeps one counter per distinct (namespaces, selector, topology key): pods it selects, per
+//! domain, filled from the running pods once and bumped as the simulation places pending pods. A
+//! second set of counters holds, per domain, the pods that *carry* an anti-affinity term, for the
+//! symmetric check. Each pending pod is compiled once into the counters it must check and the
+//! counters it bumps, so a pod without constraints that no counter selects costs nothing, and a
+//! check is a few vector reads.
+//!
+//! A new node is its own `kubernetes.io/hostname` domain and takes every other domain from its
+//! group's template labels (zone, region). A group's trial expansion is undone through a journal
+//! ([`Topology::mark`], [`Topology::rollback`]) so the expander compares groups on the same state.
+//!
+//! Simplified: an affinity term is satisfied by counting pods that match that term alone (the
+//! scheduler wants one pod matching all the pod's terms); `namespaceSelector` counts every
+//! namespace (the scaler does not list Namespaces); `matchLabelKeys` is ignored; spread takes
+//! `nodeTaintsPolicy` as `Ignore` (the default) and counts a new node's domain once a pod is
+//! placed there.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::{selector_selects, selects};
+use crate::scaler::model::{Namespaces, NodeView, PodView, Requirement, SelectorView};
+
+/// The label that makes every node its own domain.
+pub(super) const HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// Where a pod might go.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Place {
+    /// Bin `i` of the packing: a node, or a machine still registering.
+    Bin(usize),
+    /// A new node of group `group` whose hostname domain is `host`.
+    New {
+        /// The group.
+        group: usize,
+        /// Its `kubernetes.io/hostname` domain.
+        host: u32,
+    },
+}
+
+/// A bin as the index needs it.
+pub(super) struct BinSite<'a> {
+    /// Its labels (a registering machine: its group's template labels).
+    pub labels: &'a BTreeMap<String, String>,
+    /// The group of a registering machine (its own hostname domain); `None` for a node.
+    pub machine_of: Option<usize>,
+}
+
+/// Which pods a counter counts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Matcher {
+    namespaces: Namespaces,
+    /// `None` selects no pod.
+    selector: Option<SelectorView>,
+}
+
+impl Matcher {
+    fn selects(&self, p: &PodView) -> bool {
+        self.selector.as_ref().is_some_and(|s| {
+            self.namespaces.contain(&p.namespace) && selector_selects(s, &p.labels)
+        })
+    }
+}
+
+/// Pods per domain of one topology key.
+#[derive(Debug, Clone)]
+struct Counter {
+    matcher: Matcher,
+    key: usize,
+    counts: Vec<u32>,
+    total: u32,
+}
+
+impl Counter {
+    fn at(&self, d: u32) -> u32 {
+        self.counts.get(d as usize).copied().unwrap_or(0)
+    }
+}
+
+/// One spread constraint's eligible domains and their minimum count. Eligible: the domains of
+/// the nodes the pod's node selector and required node affinity accept (all nodes with the key
+/// under `nodeAffinityPolicy: Ignore`).
+#[derive(Debug, Clone)]
+struct Spread {
+    counter: usize,
+    eligible: Vec<bool>,
+    domains: Vec<u32>,
+    /// The minimum count over `domains`, `None` when it must be recomputed.
+    min: Option<u32>,
+    min_domains: u32,
+    /// Whether a new node of each group is eligible.
+    group_eligible: Vec<bool>,
+}
+
+/// What one pending pod checks and changes.
+#[derive(Debug, Clone, Default)]
+struct Needs {
+    affinity: Vec<usize>,
+    /// The pod matches all its affinity terms: it may start a series where none exists yet.
+    self_affine: bool,
+    anti: Vec<usize>,
+    /// (spread, maxSkew, whether the pod counts itself).
+    spread: Vec<(usize, u32, bool)>,
+    /// Carrier counters whose anti-affinity selects this pod.
+    hit_by: Vec<usize>,
+    /// Counters that count this pod.
+    counted_by: Vec<usize>,
+    /// Carrier counters of this pod's anti-affinity terms.
+    carries: Vec<usize>,
+}
+
+impl Needs {
+    fn checks_nothing(&self) -> bool {
+        self.affinity.is_empty()
+            && self.anti.is_empty()
+            && self.spread.is_empty()
+            && self.hit_by.is_empty()
+    }
+}
+
+enum Undo {
+    Count {
+        carrier: bool,
+        counter: usize,
+        d: u32,
+    },
+    Eligible {
+        spread: usize,
+    },
+}
+
+/// A point to roll back to.
+pub(super) struct Mark {
+    journal: usize,
+    next_host: u32,
+}
+
+/// The index: see the module documentation.
+pub(super) struct Topology {
+    /// Topology keys; `HOSTNAME` is key 0.
+    keys: Vec<String>,
+    /// Per key, domain value → id.
+    values: Vec<HashMap<String, u32>>,
+    /// Per key, the next free id.
+    next: Vec<u32>,
+    /// Per bin, its domain per key.
+    bin_domains: Vec<Vec<Option<u32>>>,
+    /// Per bin, the group of a registering machine.
+    bin_template: Vec<Option<usize>>,
+    /// Per group, a new node's domain per key (the hostname key's is per node).
+    group_domains: Vec<Vec<Option<u32>>>,
+    counters: Vec<Counter>,
+    carriers: Vec<Counter>,
+    spreads: Vec<Spread>,
+    /// Per counter, the spreads over it.
+    spreads_of: Vec<Vec<usize>>,
+    /// Per pending pod.
+    needs: Vec<Needs>,
+    journal: Vec<Undo>,
+}
+
+/// The index of `item`, added with `add` when it is new.
+fn intern<T: PartialEq + Eq + std::hash::Hash + Clone>(
+    index: &mut HashMap<T, usize>,
+    item: T,
+    add: impl FnOnce(T) -> usize,
+) -> usize {
+    if let Some(&i) = index.get(&item) {
+        return i;
+    }
+    let i = add(item.clone());
+    index.insert(item, i);
+    i
+}
+
+impl Topology {
+    /// Indexes the constraints of `pending` against the running pods (`pods_on`, by node) of
+    /// `nodes`, the packing's bins and the groups' template labels.
+    pub(super) fn new<'p>(
+        nodes: &[NodeView],
+        pods_on: &HashMap<&str, Vec<&'p PodView>>,
+        bins: &[BinSite<'_>],
+        templates: &[&BTreeMap<String, String>],
+        pending: &[&'p PodView],
+    ) -> Self {
+        let mut t = Self {
+            keys: vec![HOSTNAME.to_string()],
+            values: vec![HashMap::new()],
+            next: vec![0],
+            bin_domains: Vec::new(),
+            bin_template: bins.iter().map(|b| b.machine_of).collect(),
+            group_domains: Vec::new(),
+            counters: Vec::new(),
+            carriers: Vec::new(),
+            spreads: Vec::new(),
+            spreads_of: Vec::new(),
+            needs: vec![Needs::default(); pending.len()],
+            journal: Vec::new(),
+        };
+        let mut key_index: HashMap<String, usize> = HashMap::from([(HOSTNAME.to_string(), 0)]);
+        let mut counter_index: HashMap<(Matcher, usize), usize> = HashMap::new();
+        let mut carrier_index: HashMap<(Matcher, usize), usize> = HashMap::new();
+        type SpreadKey<'p> = (
+            usize,
+            bool,
+            &'p BTreeMap<String, String>,
+            &'p Vec<Vec<Requirement>>,
+        );
+        let mut spread_index: HashMap<SpreadKey<'_>, usize> = HashMap::new();
+        let mut spread_pod: Vec<&PodView> = Vec::new();
+        let mut spread_ignore: Vec<bool> = Vec::new();
+
+        let mut key_of = |t: &mut Self, k: &str| -> usize {
+            intern(&mut key_index, k.to_string(), |k| {
+                t.keys.push(k);
+                t.values.push(HashMap::new());
+                t.next.push(0);
+                t.keys.len() - 1
+            })
+        };
+        let counter = |t: &mut Self,
+                       index: &mut HashMap<(Matcher, usize), usize>,
+                       carrier: bool,
+                       m: Matcher,
+                       key: usize|
+         -> usize {
+            intern(index, (m, key), |(matcher, key)| {
+                let list = if carrier {
+                    &mut t.carriers
+                } else {
+                    &mut t.counters
+                };
+                list.push(Counter {
+                    matcher,
+                    key,
+                    counts: Vec::new(),
+                    total: 0,
+                });
+                if !carrier {
+                    t.spreads_of.push(Vec::new());
+                }
+                list.len() - 1
+            })
+        };
+
+        // The pending pods' own terms, then the anti-affinity every running pod carries.
+        for (qi, p) in pending.iter().enumerate() {
+            let Some(c) = p.constraints.as_deref() else {
+                continue;
+            };
+            let mut needs = Needs::default();
+            for term in &c.affinity {
+                let key = key_of(&mut t, &term.topology_key);
+                let m = Matcher {
+                    namespaces: term.namespaces.clone(),
+                    selector: term.selector.clone(),
+                };
+                needs
+                    .affinity
+                    .push(counter(&mut t, &mut counter_index, false, m, key));
+            }
+            needs.self_affine = needs
+                .affinity
+                .iter()
+                .all(|&ci| t.counters[ci].matcher.selects(p));
+            for term in &c.anti_affinity {
+                let key = key_of(&mut t, &term.topology_key);
+                let m = Matcher {
+                    namespaces: term.namespaces.clone(),
+                    selector: term.selector.clone(),
+                };
+                needs
+                    .anti
+                    .push(counter(&mut t, &mut counter_index, false, m.clone(), key));
+                needs
+                    .carries
+                    .push(counter(&mut t, &mut carrier_index, true, m, key));
+            }
+            for sc in &c.spread {
+                let key = key_of(&mut t, &sc.topology_key);
+                let m = Matcher {
+                    namespaces: Namespaces::Only(vec![p.namespace.clone()]),
+                    selector: sc.selector.clone(),
+                };
+                let ci = counter(&mut t, &mut counter_index, false, m, key);
+                let self_match = t.counters[ci].matcher.selects(p);
+                let si = intern(
+                    &mut spread_index,
+                    (
+                        ci,
+                        sc.ignore_node_affinity,
+                        &p.node_selector,
+                        &p.affinity_terms,
+                    ),
+                    |_| {
+                        t.spreads.push(Spread {
+                            counter: ci,
+                            eligible: Vec::new(),
+                            domains: Vec::new(),
+                            min: None,
+                            min_domains: sc.min_domains,
+                            group_eligible: Vec::new(),
+                        });
+                        t.spreads_of[ci].push(t.spreads.len() - 1);
+                        spread_pod.push(p);
+                        spread_ignore.push(sc.ignore_node_affinity);
+                        t.spreads.len() - 1
+                    },
+                );
+                needs.spread.push((si, sc.max_skew, self_match));
+            }
+            t.needs[qi] = needs;
+        }
+        let mut running_carriers: Vec<(&str, usize)> = Vec::new();
+        for n in nodes {
+            for p in pods_on.get(n.name.as_str()).into_iter().flatten() {
+                for term in p.constraints.iter().flat_map(|c| &c.anti_affinity) {
+                    let key = key_of(&mut t, &term.topology_key);
+                    let m = Matcher {
+                        namespaces: term.namespaces.clone(),
+                        selector: term.selector.clone(),
+                    };
+                    let ci = counter(&mut t, &mut carrier_index, true, m, key);
+                    running_carriers.push((n.name.as_str(), ci));
+                }
+            }
+        }
+        if t.counters.is_empty() && t.carriers.is_empty() {
+            return t;
+        }
+
+        // Domains: every node's, then the bins', then a new node's per group.
+        let mut node_domains: HashMap<&str, Vec<Option<u32>>> = HashMap::new();
+        for n in nodes {
+            let d = t.domains_of(&n.labels, None);
+            node_domains.insert(n.name.as_str(), d);
+        }
+        for b in bins {
+            let d = match b.machine_of {
+                Some(_) => {
+                    let host = t.take_host();
+                    t.domains_of(b.labels, Some(host))
+                }
+                None => t.domains_of(b.labels, None),
+            };
+            t.bin_domains.push(d);
+        }
+        for labels in templates {
+            let d = t.domains_of(labels, None);
+            t.group_domains.push(d);
+        }
+
+        // Which counters count each pod, and whose carried anti-affinity selects it. Pods of one
+        // workload share namespace and labels: match them once.
+        /// The counters that count a pod, and the carriers whose anti-affinity selects it.
+        type Matches = (Vec<usize>, Vec<usize>);
+        let mut by_labels: HashMap<(&str, &BTreeMap<String, String>), Matches> = HashMap::new();
+        let (counters, carriers) = (&t.counters, &t.carriers);
+        let mut matches = |p: &'p PodView| -> (Vec<usize>, Vec<usize>) {
+            let of = |list: &[Counter]| -> Vec<usize> {
+                (0..list.len())
+                    .filter(|&i| list[i].matcher.selects(p))
+                    .collect()
+            };
+            by_labels
+                .entry((p.namespace.as_str(), &p.labels))
+                .or_insert_with(|| (of(counters), of(carriers)))
+                .clone()
+        };
+        let mut running: Vec<(&str, Vec<usize>)> = Vec::new();
+        for n in nodes {
+            for p in pods_on.get(n.name.as_str()).into_iter().flatten() {
+                let (by, _) = matches(p);
+                if !by.is_empty() {
+                    running.push((n.name.as_str(), by));
+                }
+            }
+        }
+        let pending_matches: Vec<(Vec<usize>, Vec<usize>)> =
+            pending.iter().map(|p| matches(p)).collect();
+        for (name, by) in running {
+            let Some(d) = node_domains.get(name) else {
+                continue;
+            };
+            for ci in by {
+                let c = &mut t.counters[ci];
+                if let Some(d) = d[c.key] {
+                    bump(c, d);
+                }
+            }
+        }
+        for (name, ci) in running_carriers {
+            let Some(d) = node_domains.get(name) else {
+                continue;
+            };
+            let c = &mut t.carriers[ci];
+            if let Some(d) = d[c.key] {
+                bump(c, d);
+            }
+        }
+        for (needs, (counted_by, hit_by)) in t.needs.iter_mut().zip(pending_matches) {
+            needs.counted_by = counted_by;
+            needs.hit_by = hit_by;
+        }
+
+        // Spread: the eligible domains of the existing nodes, and whether each group's new
+        // nodes are eligible.
+        for (si, p) in spread_pod.iter().enumerate() {
+            let key = t.counters[t.spreads[si].counter].key;
+            for n in nodes {
+                let Some(d) = node_domains.get(n.name.as_str()).and_then(|d| d[key]) else {
+                    continue;
+                };
+                if spread_ignore[si] || selects(p, &n.labels, &n.name) {
+                    let s = &mut t.spreads[si];
+                    if !s.eligible.get(d as usize).copied().unwrap_or(false) {
+                        set_flag(&mut s.eligible, d, true);
+                        s.domains.push(d);
+                    }
+                }
+            }
+            t.spreads[si].group_eligible = templates
+                .iter()
+                .map(|labels| spread_ignore[si] || selects(p, labels, ""))
+                .collect();
+        }
+        t
+    }
+
+    /// A domain id per key for a node with `labels`; `host` overrides the hostname label.
+    fn domains_of(
+        &mut self,
+        labels: &BTreeMap<String, String>,
+        host: Option<u32>,
+    ) -> Vec<Option<u32>> {
+        (0..self.keys.len())
+            .map(|k| {
+                if k == 0 && host.is_some() {
+                    return host;
+                }
+                let v = labels.get(&self.keys[k])?;
+                let next = &mut self.next[k];
+                Some(*self.values[k].entry(v.clone()).or_insert_with(|| {
+                    *next += 1;
+                    *next - 1
+                }))
+            })
+            .collect()
+    }
+
+    /// The hostname domain the next new node gets, without taking it.
+    pub(super) fn peek_host(&self) -> u32 {
+        self.next[0]
+    }
+
+    /// Takes a fresh hostname domain for a new node.
+    pub(super) fn take_host(&mut self) -> u32 {
+        self.next[0] += 1;
+        self.next[0] - 1
+    }
+
+    fn domain(&self, key: usize, place: Place) -> Option<u32> {
+        match place {
+            Place::Bin(i) => self.bin_domains.get(i)?.get(key).copied().flatten(),
+            Place::New { host, .. } if key == 0 => Some(host),
+            Place::New { group, .. } => self.group_domains.get(group)?.get(key).copied().flatten(),
+        }
+    }
+
+    /// The group whose template a place has, for a place that is not a node yet.
+    fn template_group(&self, place: Place) -> Option<usize> {
+        match place {
+            Place::Bin(i) => self.bin_template.get(i).copied().flatten(),
+            Place::New { group, .. } => Some(group),
+        }
+    }
+
+    /// Whether pending pod `qi` may go to `place` as far as inter-pod constraints go.
+    pub(super) fn allows(&mut self, qi: usize, place: Place) -> bool {
+        let Some(needs) = self.needs.get(qi).filter(|n| !n.checks_nothing()) else {
+            return true;
+        };
+        let exists = needs.affinity.iter().all(|&ci| {
+            let c = &self.counters[ci];
+            self.domain(c.key, place).is_some_and(|d| c.at(d) > 0)
+        });
+        if !exists {
+            // The first of a series with affinity to itself may go anywhere with the keys.
+            let first = needs.self_affine
+                && needs.affinity.iter().all(|&ci| {
+                    let c = &self.counters[ci];
+                    c.total == 0 && self.domain(c.key, place).is_some()
+                });
+            if !first {
+                return false;
+            }
+        }
+        let clear = |list: &[Counter], ci: usize| {
+            let c = &list[ci];
+            self.domain(c.key, place).is_none_or(|d| c.at(d) == 0)
+        };
+        if !needs.anti.iter().all(|&ci| clear(&self.counters, ci))
+            || !needs.hit_by.iter().all(|&ci| clear(&self.carriers, ci))
+        {
+            return false;
+        }
+        for k in 0..needs.spread.len() {
+            let (si, max_skew, self_match) = self.needs[qi].spread[k];
+            let ci = self.spreads[si].counter;
+            let Some(d) = self.domain(self.counters[ci].key, place) else {
+                return false;
+            };
+            let count = self.counters[ci].at(d);
+            let min = self.min(si);
+            let s = &self.spreads[si];
+            let listed = s.eligible.get(d as usize).copied().unwrap_or(false);
+            let (min, domains) = if listed {
+                (min, s.domains.len())
+            } else {
+                (
+                    Some(min.map_or(count, |m| m.min(count))),
+                    s.domains.len() + 1,
+                )
+            };
+            let min = if (domains as u32) < s.min_domains {
+                0
+            } else {
+                min.unwrap_or(count)
+            };
+            if i64::from(count) + i64::from(self_match) - i64::from(min) > i64::from(max_skew) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The minimum count over a spread's eligible domains (`None`: it has none).
+    fn min(&mut self, si: usize) -> Option<u32> {
+        let s = &self.spreads[si];
+        if s.min.is_none() && !s.domains.is_empty() {
+            let c = &self.counters[s.counter];
+            let m = s.domains.iter().map(|&d| c.at(d)).min();
+            self.spreads[si].min = m;
+        }
+        self.spreads[si].min
+    }
+
+    /// Records pending pod `qi` at `place`.
+    pub(super) fn place(&mut self, qi: usize, place: Place) {
+        if qi >= self.needs.len() {
+            return;
+        }
+        // Taken out and put back, so placing does not allocate.
+        let counted_by = std::mem::take(&mut self.needs[qi].counted_by);
+        let carries = std::mem::take(&mut self.needs[qi].carries);
+        if let Some(g) = self.template_group(place) {
+            // A node that is not there yet becomes a domain of the spreads it is eligible for.
+            for si in 0..self.spreads.len() {
+                let s = &self.spreads[si];
+                if !s.group_eligible.get(g).copied().unwrap_or(false) {
+                    continue;
+                }
+                let key = self.counters[s.counter].key;
+                let Some(d) = self.domain(key, place) else {
+                    continue;
+                };
+                if s.eligible.get(d as usize).copied().unwrap_or(false) {
+                    continue;
+                }
+                let count = self.counters[s.counter].at(d);
+                let s = &mut self.spreads[si];
+                set_flag(&mut s.eligible, d, true);
+                s.domains.push(d);
+                s.min = s.min.map(|m| m.min(count));
+                self.journal.push(Undo::Eligible { spread: si });
+            }
+        }
+        for &ci in &counted_by {
+            let Some(d) = self.domain(self.counters[ci].key, place) else {
+                continue;
+            };
+            let before = self.counters[ci].at(d);
+            bump(&mut self.counters[ci], d);
+            for &si in &self.spreads_of[ci] {
+                let s = &mut self.spreads[si];
+                if s.min == Some(before) && s.eligible.get(d as usize).copied().unwrap_or(false) {
+                    s.min = None;
+                }
+            }
+            self.journal.push(Undo::Count {
+                carrier: false,
+                counter: ci,
+                d,
+            });
+        }
+        for &ci in &carries {
+            let Some(d) = self.domain(self.carriers[ci].key, place) else {
+                continue;
+            };
+            bump(&mut self.carriers[ci], d);
+            self.journal.push(Undo::Count {
+                carrier: true,
+                counter: ci,
+                d,
+            });
+        }
+        self.needs[qi].counted_by = counted_by;
+        self.needs[qi].carries = carries;
+    }
+
+    /// Where [`rollback`](Self::rollback) returns to.
+    pub(super) fn mark(&self) -> Mark {
+        Mark {
+            journal: self.journal.len(),
+            next_host: self.next[0],
+        }
+    }
+
+    /// Undoes every placement since `mark`.
+    pub(super) fn rollback(&mut self, mark: &Mark) {
+        while self.journal.len() > mark.journal {
+            match self.journal.pop() {
+                Some(Undo::Count {
+                    carrier,
+                    counter,
+                    d,
+                }) => {
+                    let c = if carrier {
+                        &mut self.carriers[counter]
+                    } else {
+                        for &si in &self.spreads_of[counter] {
+                            self.spreads[si].min = None;
+                        }
+                        &mut self.counters[counter]
+                    };
+                    if let Some(n) = c.counts.get_mut(d as usize) {
+                        *n -= 1;
+                    }
+                    c.total -= 1;
+                }
+                Some(Undo::Eligible { spread }) => {
+                    let s = &mut self.spreads[spread];
+                    if let Some(d) = s.domains.pop() {
+                        set_flag(&mut s.eligible, d, false);
+                    }
+                    s.min = None;
+                }
+                None => break,
+            }
+        }
+        self.next[0] = mark.next_host;
+    }
+}
+
+fn bump(c: &mut Counter, d: u32) {
+    let i = d as usize;
+    if c.counts.len() <= i {
+        c.counts.resize(i + 1, 0);
+    }
+    c.counts[i] += 1;
+    c.total += 1;
+}
+
+fn set_flag(flags: &mut Vec<bool>, d: u32, v: bool) {
+    let i = d as usize;
+    if flags.len() <= i {
+        flags.resize(i + 1, false);
+    }
+    flags[i] = v;
+}
