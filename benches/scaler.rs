@@ -52,6 +52,7 @@ fn group(i: usize) -> GroupSettings {
                 ..Resources::default()
             },
         },
+        cherry: Default::default(),
     }
 }
 

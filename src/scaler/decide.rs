@@ -612,7 +612,7 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
             None if age >= s.max_provision_time => Some(RepairReason::NeverRegistered),
             None => None,
             // Never a control-plane or etcd host, nor a node an operator protected.
-            Some(n) if n.protected_role() || n.scale_down_disabled => None,
+            Some(n) if n.protected_role(&s.controller_node_labels) || n.scale_down_disabled => None,
             Some(n) if n.booting() && (n.not_ready_in_time || age >= s.max_provision_time) => {
                 Some(RepairReason::NeverReady)
             }
@@ -1017,7 +1017,7 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
         if !n.ready
             || n.booting()
             || n.unschedulable
-            || n.protected_role()
+            || n.protected_role(&s.controller_node_labels)
             || n.scale_down_disabled
             || claimed
         {

@@ -40,6 +40,7 @@ fn group(name: &str, min: u32, max: u32) -> GroupSettings {
         capacity: Capacity {
             resources: res(4000, 16, 110),
         },
+        cherry: Default::default(),
     }
 }
 
@@ -1387,4 +1388,39 @@ mod phases {
         scale_down(&cx, &mut plan);
         assert!(scale_downs(&plan.actions).is_empty(), "{:?}", plan.actions);
     }
+}
+
+/// `controller_node_labels` (the Cherry Servers autoscaler's controller node label) replaces
+/// the built-in list of labels that mark hosts the scaler never touches.
+#[test]
+fn the_controller_node_labels_are_configurable() {
+    let mut s = settings(vec![group("web", 0, 10)]);
+    let mut snap = scale_down_snapshot();
+    snap.nodes[0].unneeded_since = Some(at(-60));
+    snap.nodes[0].labels.insert(
+        "node-role.kubernetes.io/control-plane".into(),
+        String::new(),
+    );
+    assert!(
+        scale_downs(&decide(&snap, t0(), &s)).is_empty(),
+        "the default list protects a control-plane host"
+    );
+    s.controller_node_labels = vec!["example.com/controller".into()];
+    assert_eq!(
+        scale_downs(&decide(&snap, t0(), &s)),
+        ["a"],
+        "a list given replaces the defaults"
+    );
+    snap.nodes[0]
+        .labels
+        .insert("example.com/controller".into(), "true".into());
+    assert!(scale_downs(&decide(&snap, t0(), &s)).is_empty());
+    // Nor repaired: a NotReady controller host stays.
+    snap.nodes[0].ready = false;
+    snap.nodes[0].ready_transition = Some(at(-600));
+    let a = decide(&snap, t0(), &s);
+    assert!(
+        !a.iter().any(|a| matches!(a, Action::Repair { .. })),
+        "{a:?}"
+    );
 }
