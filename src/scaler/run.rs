@@ -787,6 +787,7 @@ impl<P: Provider + 'static> Inner<P> {
                     (CLUSTER_TAG.to_string(), self.settings.cluster_name.clone()),
                     (POOL_TAG.to_string(), group.to_string()),
                 ]),
+                cherry: g.cherry.clone(),
             })
         };
         let first_sent = Mutex::new(None::<Duration>);
