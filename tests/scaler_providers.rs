@@ -77,11 +77,16 @@ async fn cherry_create_list_delete_and_plans() {
         Some(USER_DATA),
         "user data arrives base64-decodable"
     );
+    let leaving = emu.insert_server(
+        "k8s-prod-web-leaving",
+        serde_json::json!({CLUSTER_TAG: "prod", POOL_TAG: "web"}),
+    );
+    emu.set_state(leaving, "terminating");
     let listed = c.list().await.expect("list");
     assert_eq!(
         listed.len(),
         1,
-        "only this cluster's tagged servers: {listed:?}"
+        "only this cluster's tagged servers, not those terminating: {listed:?}"
     );
     c.delete(&m.id).await.expect("delete");
     c.delete(&m.id)
@@ -112,6 +117,15 @@ async fn cherry_errors_are_classified() {
     let e = c.create(&spec("web", "h1")).await.expect_err("500");
     assert!(e.is_retryable(), "{e}");
     assert!(c.create(&spec("web", "h1")).await.is_ok(), "fault used up");
+    // A refused create (quota, bad plan) is for good: decide backs the group off for it.
+    emu.add_fault(Fault {
+        method: Some("POST".into()),
+        path_contains: "/servers".into(),
+        status: 422,
+        count: 1,
+    });
+    let e = c.create(&spec("web", "h2")).await.expect_err("422");
+    assert!(!e.is_retryable() && e.to_string().contains("422"), "{e}");
 
     let wrong = Cherry::new(
         &cherry_settings(emu.url()),
