@@ -37,6 +37,13 @@ const PAGE_LIMIT: usize = 100;
 /// serves, and an API that ignored `offset` must not keep a pass listing forever.
 const MAX_PAGES: usize = 1000;
 
+/// At most this many servers of a page are read again at the start of the next one (a quarter
+/// of the page when pages are small). A server deleted while the pages are read shifts those
+/// after it back by one; without the overlap one of them would fall between two pages, be
+/// missing for a pass, and its group would look a machine short — a duplicate create. Ids are
+/// deduplicated, so reading a few twice costs nothing.
+const PAGE_OVERLAP: usize = 10;
+
 /// The header with the number of servers in all pages.
 const TOTAL_HEADER: &str = "x-total-count";
 
@@ -283,10 +290,11 @@ impl Provider for Cherry {
                     out.push(m);
                 }
             }
-            offset += received;
-            // Done when the pages held the total, or when a page is empty or only repeats
-            // servers already seen (an API that ignores paging sends everything every time).
-            if new == 0 || total.is_some_and(|t| offset >= t) {
+            offset += received - (received / 4).min(PAGE_OVERLAP);
+            // Done when every server of the total was seen, or when a page is empty or only
+            // repeats servers already seen (an API that ignores paging sends everything every
+            // time).
+            if new == 0 || total.is_some_and(|t| seen.len() >= t) {
                 return Ok(out);
             }
         }

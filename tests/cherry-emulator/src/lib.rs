@@ -94,6 +94,8 @@ struct State {
     creates: Vec<Value>,
     /// Most servers one list page holds, whatever `limit` asks; `None`: as many as asked.
     max_page: Option<usize>,
+    /// A server deleted (by someone else) right after the next list page is served.
+    delete_after_page: Option<u64>,
 }
 
 struct Shared {
@@ -196,6 +198,12 @@ impl CherryEmulator {
         self.shared.state().max_page = Some(n.max(1));
     }
 
+    /// Deletes server `id` right after the next list page is served, as a delete racing a
+    /// paged listing does.
+    pub fn delete_after_next_page(&self, id: u64) {
+        self.shared.state().delete_after_page = Some(id);
+    }
+
     /// Ids of servers deleted through the API, in order.
     pub fn deleted(&self) -> Vec<u64> {
         self.shared.state().deleted.clone()
@@ -273,7 +281,7 @@ fn reply(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
 /// `1`, `ip_addresses` an array of IP address id strings.
 fn check_create_fields(req: &Value) -> Result<(), &'static str> {
     if let Some(v) = req.get("os_partition_size")
-        && !v.as_u64().is_some_and(|n| n > 0)
+        && v.as_u64().is_none_or(|n| n == 0)
     {
         return Err("os_partition_size must be a positive integer (GB)");
     }
@@ -383,6 +391,9 @@ fn route(
             let limit = st.max_page.map_or(limit, |m| limit.min(m));
             let page: Vec<&Value> = st.servers.values().skip(offset).take(limit).collect();
             let mut r = reply(StatusCode::OK, &json!(page));
+            if let Some(id) = st.delete_after_page.take() {
+                st.servers.remove(&id);
+            }
             r.headers_mut()
                 .insert("X-Total-Count", hyper::header::HeaderValue::from(total));
             r
