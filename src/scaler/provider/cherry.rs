@@ -290,13 +290,15 @@ impl Provider for Cherry {
                     out.push(m);
                 }
             }
-            offset += received - (received / 4).min(PAGE_OVERLAP);
-            // Done when every server of the total was seen, or when a page is empty or only
-            // repeats servers already seen (an API that ignores paging sends everything every
-            // time).
-            if new == 0 || total.is_some_and(|t| seen.len() >= t) {
+            let end = offset + received;
+            // Done when this page reached the end of the list as the API counts it now, or when
+            // a page is empty or only repeats servers already seen (an API that ignores paging
+            // sends everything every time). Counting the ids seen instead would stop early after
+            // a delete: the deleted server was seen but no longer counts in the total.
+            if new == 0 || total.is_some_and(|t| end >= t) {
                 return Ok(out);
             }
+            offset = end - (received / 4).min(PAGE_OVERLAP);
         }
         Err(Error::Decode {
             provider: NAME,
