@@ -71,6 +71,7 @@ fn group(i: usize, nodes: usize) -> GroupSettings {
                 ..Resources::default()
             },
         },
+        cherry: Default::default(),
     }
 }
 

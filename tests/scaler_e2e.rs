@@ -373,6 +373,42 @@ async fn a_machine_that_never_boots_is_deleted_and_the_group_backs_off() {
     scaler.abort();
 }
 
+/// Servers the provider already shows on their way out (`terminating`, `deleting`) are not
+/// members: the scaler never deletes them again, and they hold no place in the group, so a
+/// group below `min` gets exactly the machine it lacks — once, not again on every pass while the
+/// old server lingers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_on_their_way_out_are_neither_deleted_again_nor_members() {
+    let env = env(|s| s.scaler.groups[0].min = 1).await;
+    let tags = json!({"k8s-cluster": "e2e", "k8s-nodepool": "web"});
+    let going = [
+        env.cherry.insert_server("k8s-e2e-web-going0", tags.clone()),
+        env.cherry.insert_server("k8s-e2e-web-going1", tags),
+    ];
+    env.cherry.set_state(going[0], "terminating");
+    env.cherry.set_state(going[1], "deleting");
+    let _sim = env.simulate(SimOptions::default());
+    let scaler = env.spawn("replica-a").await;
+    wait_for("the min machine's node", Duration::from_secs(20), || {
+        env.group_nodes().len() == 1
+    })
+    .await;
+    // Many passes later (scan_interval is 100 ms): still the one machine, nothing deleted.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        env.servers().len(),
+        3,
+        "the two leaving servers plus exactly one new: {:?}",
+        env.servers()
+    );
+    assert!(
+        env.cherry.deleted().is_empty(),
+        "no DELETE for servers already leaving: {:?}",
+        env.cherry.deleted()
+    );
+    scaler.abort();
+}
+
 /// A create the provider refuses for good (4xx, e.g. quota) puts the group into back-off by
 /// decide's rule; after it, the group tries again and the pod runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

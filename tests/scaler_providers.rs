@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cherry_emulator::{CherryEmulator, Fault, Options, PlanSpec};
-use nodeward::config::{CherrySettings, ExecSettings};
+use nodeward::config::{CherryGroupSettings, CherrySettings, ExecSettings};
 use nodeward::scaler::provider::cherry::Cherry;
 use nodeward::scaler::provider::exec::Exec;
 use nodeward::scaler::provider::{CLUSTER_TAG, CreateSpec, POOL_TAG, Provider};
@@ -50,6 +50,7 @@ fn spec(group: &str, hostname: &str) -> CreateSpec {
             (CLUSTER_TAG.to_string(), "prod".to_string()),
             (POOL_TAG.to_string(), group.to_string()),
         ]),
+        cherry: CherryGroupSettings::default(),
     }
 }
 
@@ -76,11 +77,16 @@ async fn cherry_create_list_delete_and_plans() {
         Some(USER_DATA),
         "user data arrives base64-decodable"
     );
+    let leaving = emu.insert_server(
+        "k8s-prod-web-leaving",
+        serde_json::json!({CLUSTER_TAG: "prod", POOL_TAG: "web"}),
+    );
+    emu.set_state(leaving, "terminating");
     let listed = c.list().await.expect("list");
     assert_eq!(
         listed.len(),
         1,
-        "only this cluster's tagged servers: {listed:?}"
+        "only this cluster's tagged servers, not those terminating: {listed:?}"
     );
     c.delete(&m.id).await.expect("delete");
     c.delete(&m.id)
@@ -111,6 +117,15 @@ async fn cherry_errors_are_classified() {
     let e = c.create(&spec("web", "h1")).await.expect_err("500");
     assert!(e.is_retryable(), "{e}");
     assert!(c.create(&spec("web", "h1")).await.is_ok(), "fault used up");
+    // A refused create (quota, bad plan) is for good: decide backs the group off for it.
+    emu.add_fault(Fault {
+        method: Some("POST".into()),
+        path_contains: "/servers".into(),
+        status: 422,
+        count: 1,
+    });
+    let e = c.create(&spec("web", "h2")).await.expect_err("422");
+    assert!(!e.is_retryable() && e.to_string().contains("422"), "{e}");
 
     let wrong = Cherry::new(
         &cherry_settings(emu.url()),
@@ -132,6 +147,115 @@ async fn cherry_errors_are_classified() {
     let e = c.list().await.expect_err("timeout");
     assert!(e.is_retryable(), "{e}");
     assert!(!e.to_string().contains(API_TOKEN));
+}
+
+/// The Cherry Servers autoscaler's optional create fields go out with the API's names and types
+/// (`os_partition_size` int GB, `spot_market` int flag, `ip_addresses` id strings) when a group
+/// sets them, and not at all when it does not.
+#[tokio::test]
+async fn cherry_sends_the_optional_create_fields_only_when_set() {
+    let emu = emulator().await;
+    let c =
+        Cherry::new(&cherry_settings(emu.url()), "prod", Some(API_TOKEN.into())).expect("client");
+    c.create(&spec("web", "plain")).await.expect("create");
+    let mut tuned = spec("web", "tuned");
+    tuned.cherry = CherryGroupSettings {
+        os_partition_size: Some(60),
+        spot_market: true,
+        ip_addresses: vec!["5a4ef4a1-6f2c-4b8c-9a3e-2f1d0c9b8a7e".into()],
+    };
+    c.create(&tuned)
+        .await
+        .expect("create with the optional fields");
+    let sent = emu.create_requests();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    for key in ["os_partition_size", "spot_market", "ip_addresses"] {
+        assert!(sent[0].get(key).is_none(), "{key} sent unset: {}", sent[0]);
+    }
+    assert_eq!(sent[1]["os_partition_size"], 60, "{}", sent[1]);
+    assert_eq!(sent[1]["spot_market"], 1, "{}", sent[1]);
+    assert_eq!(
+        sent[1]["ip_addresses"],
+        serde_json::json!(["5a4ef4a1-6f2c-4b8c-9a3e-2f1d0c9b8a7e"]),
+        "{}",
+        sent[1]
+    );
+    let spot: Vec<bool> = emu
+        .servers()
+        .iter()
+        .map(|s| s["spot_instance"].as_bool().unwrap_or(false))
+        .collect();
+    assert_eq!(spot, vec![false, true]);
+}
+
+/// The API pages its server list: the client follows every page, even when the server's
+/// page is smaller than the limit the client asked for.
+#[tokio::test]
+async fn cherry_list_follows_every_page() {
+    let emu = emulator().await;
+    emu.set_max_page(2);
+    for i in 0..5 {
+        emu.insert_server(
+            &format!("prod-{i}"),
+            serde_json::json!({CLUSTER_TAG: "prod", POOL_TAG: "web"}),
+        );
+        emu.insert_server(
+            &format!("other-{i}"),
+            serde_json::json!({CLUSTER_TAG: "other", POOL_TAG: "web"}),
+        );
+    }
+    let c =
+        Cherry::new(&cherry_settings(emu.url()), "prod", Some(API_TOKEN.into())).expect("client");
+    let mut hosts: Vec<String> = c
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|m| m.hostname)
+        .collect();
+    hosts.sort();
+    assert_eq!(
+        hosts,
+        (0..5).map(|i| format!("prod-{i}")).collect::<Vec<_>>(),
+        "every page read"
+    );
+    let gets = emu
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with("/servers"))
+        .count();
+    assert!(gets >= 5, "10 servers in pages of 2: {gets} list requests");
+}
+
+/// A server deleted while the pages are read shifts the later ones back by one: the pages
+/// overlap, so none of those falls between two pages (a machine missing for a pass would make
+/// its group look short and get a duplicate).
+#[tokio::test]
+async fn cherry_list_misses_nothing_when_a_server_goes_between_pages() {
+    let emu = emulator().await;
+    emu.set_max_page(4);
+    let ids: Vec<u64> = (0..12)
+        .map(|i| {
+            emu.insert_server(
+                &format!("prod-{i:02}"),
+                serde_json::json!({CLUSTER_TAG: "prod", POOL_TAG: "web"}),
+            )
+        })
+        .collect();
+    emu.delete_after_next_page(ids[1]);
+    let c =
+        Cherry::new(&cherry_settings(emu.url()), "prod", Some(API_TOKEN.into())).expect("client");
+    let mut hosts: Vec<String> = c
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|m| m.hostname)
+        .collect();
+    hosts.sort();
+    // prod-01 was on the first page when it was read; prod-04 moved to where prod-03 was.
+    let want: Vec<String> = (0..12).map(|i| format!("prod-{i:02}")).collect();
+    assert_eq!(hosts, want);
 }
 
 #[test]

@@ -6,8 +6,9 @@ use serde::Deserialize;
 
 use super::Settings;
 use super::scaler::{
-    Argv, BaseUrl, CherrySettings, ExecSettings, Expander, Groups, Label, ListenAddr, ProviderKind,
-    ScalerSettings, Share, TokenTtl,
+    Argv, BaseUrl, Capacity, CherryGroupSettings, CherrySettings, ExecSettings, Expander,
+    GroupEntry, GroupSettings, Groups, IpAddressIds, Label, LabelKeys, Labels, ListenAddr,
+    ProviderKind, ScalerSettings, Share, Taints, TokenTtl, default_template,
 };
 use super::types::{
     ConfigDuration, NodeName, OnDeadline, Positive, ShutdownPolicy, TaintOwner, Waves,
@@ -148,6 +149,14 @@ fragment!(
         scale_down_utilization_threshold: Share,
         /// Unneeded time.
         scale_down_unneeded_time: ConfigDuration,
+        /// No scale-down this long after the last scale-up.
+        scale_down_delay_after_add: ConfigDuration,
+        /// Machines created per pass at most.
+        max_boots_per_pass: Positive,
+        /// Labels of control-plane hosts.
+        controller_node_labels: LabelKeys,
+        /// Label new nodes `pool=<group>`.
+        pool_label: bool,
         /// Empty nodes per pass.
         max_empty_bulk_delete: Positive,
         /// Provision timeout.
@@ -176,10 +185,98 @@ fragment!(
         cherry: CherryFragment,
         /// `[scaler.exec]`
         exec: ExecFragment,
+        /// `[scaler.group_defaults]`
+        group_defaults: GroupDefaultsFragment,
         /// `[[scaler.groups]]`, replaced whole.
         groups: Groups,
     }
 );
+
+fragment!(
+    /// `[scaler.group_defaults]`: what a group leaves out.
+    GroupDefaultsFragment {
+        /// Plan.
+        plan: String,
+        /// Region.
+        region: String,
+        /// Image.
+        image: String,
+        /// SSH key ids.
+        ssh_keys: Vec<String>,
+        /// Labels; a group's own labels are added to these, key by key.
+        labels: Labels,
+        /// Taints.
+        taints: Taints,
+        /// Template.
+        template: PathBuf,
+        /// Hostname pattern.
+        hostname_pattern: String,
+        /// Capacity.
+        capacity: Capacity,
+        /// Cherry `os_partition_size`.
+        os_partition_size: Positive,
+        /// Cherry `spot_market`.
+        spot_market: bool,
+        /// Cherry `ip_addresses`.
+        ip_addresses: IpAddressIds,
+    }
+);
+
+/// The label the Cherry Servers cluster-autoscaler puts on its nodes, `pool=<node group>`, which
+/// its users' node affinities select.
+pub(crate) const POOL_LABEL: &str = "pool";
+
+impl GroupEntry {
+    /// The group with what it leaves out taken from `d`, then from the built-in defaults. Labels
+    /// add up (the group's win per key); everything else the group sets replaces the default.
+    fn resolve(self, d: &GroupDefaultsFragment, pool_label: bool) -> GroupSettings {
+        let mut labels = d.labels.clone().unwrap_or_default().0;
+        labels.extend(self.labels.unwrap_or_default().0);
+        if pool_label {
+            labels
+                .entry(POOL_LABEL.to_string())
+                .or_insert_with(|| self.name.clone());
+        }
+        GroupSettings {
+            min: self.min,
+            max: self.max,
+            standby: self.standby,
+            priority: self.priority,
+            plan: self.plan.or_else(|| d.plan.clone()).unwrap_or_default(),
+            region: self.region.or_else(|| d.region.clone()).unwrap_or_default(),
+            image: self.image.or_else(|| d.image.clone()).unwrap_or_default(),
+            ssh_keys: self
+                .ssh_keys
+                .or_else(|| d.ssh_keys.clone())
+                .unwrap_or_default(),
+            labels,
+            taints: self
+                .taints
+                .or_else(|| d.taints.clone())
+                .unwrap_or_default()
+                .0,
+            template: self
+                .template
+                .or_else(|| d.template.clone())
+                .unwrap_or_else(default_template),
+            hostname_pattern: self.hostname_pattern.or_else(|| d.hostname_pattern.clone()),
+            capacity: self
+                .capacity
+                .or_else(|| d.capacity.clone())
+                .unwrap_or_default(),
+            cherry: CherryGroupSettings {
+                os_partition_size: self.os_partition_size.or(d.os_partition_size).map(|p| p.0),
+                spot_market: self.spot_market.or(d.spot_market).unwrap_or(false),
+                ip_addresses: self
+                    .ip_addresses
+                    .or_else(|| d.ip_addresses.clone())
+                    .unwrap_or_default()
+                    .0,
+            },
+            name: self.name,
+        }
+    }
+}
 
 fragment!(
     /// `[scaler.cherry]`
@@ -214,6 +311,7 @@ impl ScalerFragment {
     fn merge_nested(&mut self, mut later: Self) {
         let cherry = later.cherry.take();
         let exec = later.exec.take();
+        let group_defaults = later.group_defaults.take();
         self.merge(later);
         if let Some(c) = cherry {
             self.cherry.get_or_insert_default().merge(c);
@@ -221,11 +319,16 @@ impl ScalerFragment {
         if let Some(e) = exec {
             self.exec.get_or_insert_default().merge(e);
         }
+        if let Some(g) = group_defaults {
+            self.group_defaults.get_or_insert_default().merge(g);
+        }
     }
 
     fn into_settings(self, d: ScalerSettings) -> ScalerSettings {
         let cherry = self.cherry.unwrap_or_default();
         let exec = self.exec.unwrap_or_default();
+        let group_defaults = self.group_defaults.unwrap_or_default();
+        let pool_label = self.pool_label.unwrap_or(false);
         ScalerSettings {
             cluster_name: self.cluster_name.map_or(d.cluster_name, |l| l.0),
             kubeconfig: self.kubeconfig.or(d.kubeconfig),
@@ -239,6 +342,16 @@ impl ScalerFragment {
             scale_down_unneeded_time: self
                 .scale_down_unneeded_time
                 .map_or(d.scale_down_unneeded_time, |t| t.0),
+            scale_down_delay_after_add: self
+                .scale_down_delay_after_add
+                .map_or(d.scale_down_delay_after_add, |t| t.0),
+            max_boots_per_pass: self
+                .max_boots_per_pass
+                .map(|c| c.0)
+                .or(d.max_boots_per_pass),
+            controller_node_labels: self
+                .controller_node_labels
+                .map_or(d.controller_node_labels, |l| l.0),
             max_empty_bulk_delete: self
                 .max_empty_bulk_delete
                 .map_or(d.max_empty_bulk_delete, |c| c.0),
@@ -271,7 +384,11 @@ impl ScalerFragment {
                 list: exec.list.map_or(d.exec.list, |a| a.0),
                 timeout: exec.timeout.map_or(d.exec.timeout, |t| t.0),
             },
-            groups: self.groups.map_or(d.groups, |g| g.0),
+            groups: self.groups.map_or(d.groups, |g| {
+                g.0.into_iter()
+                    .map(|e| e.resolve(&group_defaults, pool_label))
+                    .collect()
+            }),
         }
     }
 }

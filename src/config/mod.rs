@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use scaler::{
-    Capacity, CherrySettings, ExecSettings, Expander, GroupSettings, ProviderKind, ScalerSettings,
+    Capacity, CherryGroupSettings, CherrySettings, ExecSettings, Expander, GroupSettings,
+    ProviderKind, ScalerSettings,
 };
 pub use types::{OnDeadline, ShutdownPolicy, TaintOwner, Wave};
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
-use super::types::ConfigDuration;
+use super::types::{ConfigDuration, Positive};
 use crate::scaler::resources::{self, Resources};
 use crate::validate::{self, Taint};
 
@@ -54,6 +54,16 @@ pub struct ScalerSettings {
     pub scale_down_utilization_threshold: f64,
     /// How long a node must stay unneeded before it is drained and deleted.
     pub scale_down_unneeded_time: Duration,
+    /// No scale-down anywhere for this long after the newest machine was created
+    /// (cluster-autoscaler's `--scale-down-delay-after-add`); zero turns it off.
+    pub scale_down_delay_after_add: Duration,
+    /// Machines created in one pass at most, over all groups; the rest wait for the next pass
+    /// (the nodemanager's `MaxBootPerIteration`). `None`: no cap.
+    pub max_boots_per_pass: Option<u32>,
+    /// Nodes with any of these labels are control-plane hosts the scaler never removes nor
+    /// repairs, whatever group label they carry (the Cherry Servers autoscaler's controller
+    /// node label).
+    pub controller_node_labels: Vec<String>,
     /// Empty nodes removed in one pass at most.
     pub max_empty_bulk_delete: u32,
     /// A machine whose Node has not registered and become ready by then is deleted.
@@ -114,56 +124,96 @@ pub struct ExecSettings {
 }
 
 /// One node group.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GroupSettings {
     /// Name: the `k8s-nodepool` tag and the `nodeward.io/node-group` label value.
-    #[serde(deserialize_with = "dns_label")]
     pub name: String,
     /// Fewest nodes.
-    #[serde(default)]
     pub min: u32,
     /// Most nodes, counting machines still being created.
     pub max: u32,
     /// Empty ready nodes kept waiting for work.
-    #[serde(default)]
     pub standby: u32,
     /// For the `priority` expander; higher wins.
-    #[serde(default)]
     pub priority: i32,
     /// Provider plan (machine type).
-    #[serde(default)]
     pub plan: String,
     /// Provider region.
-    #[serde(default)]
     pub region: String,
     /// OS image.
-    #[serde(default)]
     pub image: String,
     /// SSH key ids installed on new machines.
-    #[serde(default)]
     pub ssh_keys: Vec<String>,
     /// Labels new nodes register with (the group label is always added).
-    #[serde(default, deserialize_with = "labels")]
     pub labels: BTreeMap<String, String>,
     /// Taints new nodes register with, besides the startup taint.
-    #[serde(default, deserialize_with = "taints")]
     pub taints: Vec<Taint>,
     /// The cloud-init tera template.
-    #[serde(default = "default_template")]
     pub template: PathBuf,
     /// Hostname pattern (tera, with cluster_name, node_group, rand8); the Node name.
-    #[serde(default)]
     pub hostname_pattern: Option<String>,
     /// What one new node offers, used while the group has no node to copy it from.
-    #[serde(default)]
     pub capacity: Capacity,
+    /// Cherry Servers create fields; other providers ignore them.
+    pub cherry: CherryGroupSettings,
+}
+
+/// The Cherry Servers create fields a group may set (the Cherry Servers cluster-autoscaler's
+/// `CreateServer`); each is sent only when set, so the API's own defaults apply otherwise.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CherryGroupSettings {
+    /// `os_partition_size`: the OS partition in GB (the autoscaler's `os-partition-size`).
+    pub os_partition_size: Option<u32>,
+    /// `spot_market`: create spot instances (sent as `1`, the API's integer flag).
+    pub spot_market: bool,
+    /// `ip_addresses`: ids of existing IP addresses to attach to each new server.
+    pub ip_addresses: Vec<String>,
+}
+
+/// One `[[scaler.groups]]` entry as written: what it leaves out comes from
+/// `[scaler.group_defaults]`, then from the built-in defaults.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GroupEntry {
+    #[serde(deserialize_with = "dns_label")]
+    pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) min: u32,
+    pub(crate) max: u32,
+    #[serde(default)]
+    pub(crate) standby: u32,
+    #[serde(default)]
+    pub(crate) priority: i32,
+    #[serde(default)]
+    pub(crate) plan: Option<String>,
+    #[serde(default)]
+    pub(crate) region: Option<String>,
+    #[serde(default)]
+    pub(crate) image: Option<String>,
+    #[serde(default)]
+    pub(crate) ssh_keys: Option<Vec<String>>,
+    #[serde(default)]
+    pub(crate) labels: Option<Labels>,
+    #[serde(default)]
+    pub(crate) taints: Option<Taints>,
+    #[serde(default)]
+    pub(crate) template: Option<PathBuf>,
+    #[serde(default)]
+    pub(crate) hostname_pattern: Option<String>,
+    #[serde(default)]
+    pub(crate) capacity: Option<Capacity>,
+    #[serde(default)]
+    pub(crate) os_partition_size: Option<Positive>,
+    #[serde(default)]
+    pub(crate) spot_market: Option<bool>,
+    #[serde(default)]
+    pub(crate) ip_addresses: Option<IpAddressIds>,
 }
 
 /// Where the worker template is installed by the package.
 pub const DEFAULT_TEMPLATE: &str = "/etc/nodeward/worker.yaml.tera";
 
-fn default_template() -> PathBuf {
+pub(crate) fn default_template() -> PathBuf {
     PathBuf::from(DEFAULT_TEMPLATE)
 }
 
@@ -215,34 +265,82 @@ fn dns_label<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         .map_err(|form| de::Error::custom(format!("invalid name {s:?}: expected {form}")))
 }
 
-fn labels<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
-    let m = BTreeMap::<String, String>::deserialize(d)?;
-    for (k, v) in &m {
-        validate::label_key(k)
-            .map_err(|form| de::Error::custom(format!("label key {k:?}: expected {form}")))?;
-        validate::label_value(v)
-            .map_err(|form| de::Error::custom(format!("label {k} value {v:?}: expected {form}")))?;
+/// Node labels, keys and values checked.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Labels(pub(crate) BTreeMap<String, String>);
+
+impl<'de> Deserialize<'de> for Labels {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let m = BTreeMap::<String, String>::deserialize(d)?;
+        for (k, v) in &m {
+            validate::label_key(k)
+                .map_err(|form| de::Error::custom(format!("label key {k:?}: expected {form}")))?;
+            validate::label_value(v).map_err(|form| {
+                de::Error::custom(format!("label {k} value {v:?}: expected {form}"))
+            })?;
+        }
+        Ok(Labels(m))
     }
-    Ok(m)
 }
 
-fn taints<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Taint>, D::Error> {
-    Vec::<String>::deserialize(d)?
-        .into_iter()
-        .map(|s| {
-            s.parse::<Taint>()
-                .map_err(|form| de::Error::custom(format!("taint {s:?}: expected {form}")))
-        })
-        .collect()
+/// Node taints in `key[=value]:Effect` form.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Taints(pub(crate) Vec<Taint>);
+
+impl<'de> Deserialize<'de> for Taints {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .into_iter()
+            .map(|s| {
+                s.parse::<Taint>()
+                    .map_err(|form| de::Error::custom(format!("taint {s:?}: expected {form}")))
+            })
+            .collect::<Result<_, _>>()
+            .map(Taints)
+    }
+}
+
+/// Label keys (which labels mark a node the scaler must leave alone).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LabelKeys(pub(crate) Vec<String>);
+
+impl<'de> Deserialize<'de> for LabelKeys {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let keys = Vec::<String>::deserialize(d)?;
+        for k in &keys {
+            validate::label_key(k)
+                .map_err(|form| de::Error::custom(format!("label key {k:?}: expected {form}")))?;
+        }
+        Ok(LabelKeys(keys))
+    }
+}
+
+/// Cherry Servers IP address ids: non-empty, no whitespace (they go into a JSON body as-is).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct IpAddressIds(pub(crate) Vec<String>);
+
+impl<'de> Deserialize<'de> for IpAddressIds {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let ids = Vec::<String>::deserialize(d)?;
+        if let Some(bad) = ids
+            .iter()
+            .find(|i| i.is_empty() || i.contains(char::is_whitespace))
+        {
+            return Err(de::Error::custom(format!(
+                "invalid IP address id {bad:?}: expected the id of a Cherry Servers IP address, such as \"5a4ef4a1-6f2c-4b8c-9a3e-2f1d0c9b8a7e\""
+            )));
+        }
+        Ok(IpAddressIds(ids))
+    }
 }
 
 /// The group list, validated as a whole.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Groups(pub(crate) Vec<GroupSettings>);
+pub(crate) struct Groups(pub(crate) Vec<GroupEntry>);
 
 impl<'de> Deserialize<'de> for Groups {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let groups = Vec::<GroupSettings>::deserialize(d)?;
+        let groups = Vec::<GroupEntry>::deserialize(d)?;
         let mut seen = BTreeSet::new();
         for g in &groups {
             if !seen.insert(g.name.as_str()) {
@@ -384,6 +482,17 @@ impl Default for ScalerSettings {
             // cluster-autoscaler's default --scale-down-unneeded-time: long enough that a
             // lull between batch jobs does not cost a machine's boot time.
             scale_down_unneeded_time: Duration::from_secs(600),
+            // Off: cluster-autoscaler's default is 10m, but nodeward's scale_down_unneeded_time
+            // already keeps a node for 10 minutes after it became unneeded, new or not, and
+            // turning it on by default would change when existing setups scale down.
+            scale_down_delay_after_add: Duration::ZERO,
+            // No cap: a burst of pending pods gets all its machines in one pass, as before the
+            // setting existed; the nodemanager's figure is 10.
+            max_boots_per_pass: None,
+            controller_node_labels: crate::scaler::model::PROTECTED_ROLE_LABELS
+                .iter()
+                .map(|l| (*l).to_string())
+                .collect(),
             // cluster-autoscaler's default --max-empty-bulk-delete.
             max_empty_bulk_delete: 10,
             // The flight-controller document's figure: a machine that has not registered in

@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::BTreeMap;
 
 fn src(path: &str, text: &str) -> Source {
     Source {
@@ -245,6 +246,50 @@ fn scaler_errors_name_the_key_and_form() {
             "[scaler]\nmetrics_address = \"8085\"\n",
             &["scaler.metrics_address", "ip:port"],
         ),
+        (
+            "[scaler.group_defaults]\nplan = \"e5\"\nmax = 3\n",
+            &["a.toml:3:1", "scaler.group_defaults", "unknown field `max`"],
+        ),
+        (
+            "[scaler.group_defaults]\nlabels = { \"bad key\" = \"x\" }\n",
+            &[
+                "a.toml:2",
+                "scaler.group_defaults.labels",
+                "label key \"bad key\"",
+            ],
+        ),
+        (
+            "[scaler.group_defaults]\nos_partition_size = 0\n",
+            &[
+                "a.toml:2",
+                "scaler.group_defaults.os_partition_size",
+                "from 1",
+            ],
+        ),
+        (
+            "[[scaler.groups]]\nname = \"web\"\nmax = 2\nspot_market = \"yes\"\n",
+            &["a.toml:4", "spot_market", "bool"],
+        ),
+        (
+            "[[scaler.groups]]\nname = \"web\"\nmax = 2\nip_addresses = [\"\"]\n",
+            &["a.toml:4", "ip_addresses", "invalid IP address id"],
+        ),
+        (
+            "[scaler]\ncontroller_node_labels = [\"node role\"]\n",
+            &[
+                "a.toml:2",
+                "scaler.controller_node_labels",
+                "label key \"node role\"",
+            ],
+        ),
+        (
+            "[scaler]\nmax_boots_per_pass = 0\n",
+            &["a.toml:2", "scaler.max_boots_per_pass", "from 1"],
+        ),
+        (
+            "[scaler]\nscale_down_delay_after_add = \"soon\"\n",
+            &["a.toml:2", "scaler.scale_down_delay_after_add", "\"soon\""],
+        ),
     ];
     for (text, wants) in cases {
         let e = err(&[src("a.toml", text)]);
@@ -252,6 +297,98 @@ fn scaler_errors_name_the_key_and_form() {
             assert!(e.contains(w), "{text:?}: {e:?} lacks {w:?}");
         }
     }
+}
+
+/// `[scaler.group_defaults]` fills what a group leaves out (merged key by key across drop-ins,
+/// labels added key by key), a group's own keys win, and `pool_label` adds the Cherry Servers
+/// autoscaler's `pool=<group>` label unless the group sets `pool` itself.
+#[test]
+fn group_defaults_fill_what_groups_leave_out() {
+    let s = parse(&[
+        src(
+            "a.toml",
+            r#"
+[scaler]
+pool_label = true
+max_boots_per_pass = 10
+scale_down_delay_after_add = "10m"
+controller_node_labels = ["node-role.kubernetes.io/master"]
+[scaler.group_defaults]
+plan = "e5_1620v4"
+region = "eu_nord_1"
+image = "ubuntu_24_04"
+ssh_keys = ["12"]
+labels = { "example.com/team" = "core", "example.com/tier" = "any" }
+taints = ["dedicated=shared:NoSchedule"]
+capacity = { cpu = "8", memory = "32Gi" }
+os_partition_size = 60
+[[scaler.groups]]
+name = "web"
+max = 5
+labels = { "example.com/tier" = "frontend" }
+[[scaler.groups]]
+name = "gpu"
+max = 2
+plan = "gpu_a100"
+taints = []
+spot_market = true
+ip_addresses = ["5a4ef4a1-6f2c-4b8c-9a3e-2f1d0c9b8a7e"]
+labels = { pool = "accelerators" }
+"#,
+        ),
+        src(
+            "b.toml",
+            "[scaler.group_defaults]\nregion = \"us_chicago_1\"\n",
+        ),
+    ])
+    .expect("valid");
+    let sc = &s.scaler;
+    assert_eq!(sc.max_boots_per_pass, Some(10));
+    assert_eq!(sc.scale_down_delay_after_add, Duration::from_secs(600));
+    assert_eq!(
+        sc.controller_node_labels,
+        ["node-role.kubernetes.io/master"]
+    );
+    let (web, gpu) = (&sc.groups[0], &sc.groups[1]);
+    assert_eq!(
+        (web.plan.as_str(), web.region.as_str(), web.image.as_str()),
+        ("e5_1620v4", "us_chicago_1", "ubuntu_24_04"),
+        "defaults, the region from the drop-in"
+    );
+    assert_eq!(web.ssh_keys, ["12"]);
+    assert_eq!(
+        web.labels,
+        BTreeMap::from([
+            ("example.com/team".to_string(), "core".to_string()),
+            ("example.com/tier".to_string(), "frontend".to_string()),
+            ("pool".to_string(), "web".to_string()),
+        ])
+    );
+    assert_eq!(web.taints[0].to_string(), "dedicated=shared:NoSchedule");
+    assert_eq!(web.capacity.resources.cpu_milli, 8000);
+    assert_eq!(web.template, Path::new(super::scaler::DEFAULT_TEMPLATE));
+    assert_eq!(web.cherry.os_partition_size, Some(60));
+    assert!(!web.cherry.spot_market);
+    assert_eq!(gpu.plan, "gpu_a100");
+    assert!(gpu.taints.is_empty(), "an empty list overrides the default");
+    assert_eq!(
+        gpu.labels["pool"], "accelerators",
+        "the group's own pool label wins"
+    );
+    assert!(gpu.cherry.spot_market);
+    assert_eq!(
+        gpu.cherry.ip_addresses,
+        ["5a4ef4a1-6f2c-4b8c-9a3e-2f1d0c9b8a7e"]
+    );
+    let plain = parse(&[src(
+        "c.toml",
+        "[[scaler.groups]]\nname = \"web\"\nmax = 1\n",
+    )])
+    .expect("valid");
+    assert!(
+        plain.scaler.groups[0].labels.is_empty(),
+        "no pool label unless asked for"
+    );
 }
 
 /// The scaler ConfigMap shipped in packaging/kubernetes/ holds a config the real parser accepts,

@@ -15,10 +15,10 @@
 //! the node is removed only after it stayed unneeded for `scale_down_unneeded_time`, a time kept
 //! in the node's annotation so a restarted scaler picks up where the last one stopped.
 //!
-//! [`decide`] runs four phases in order — `repair`, `scale_up`, `min_and_standby`, `scale_down`
-//! — each a function of the indexed snapshot (`Context`) and the plan the earlier phases left
-//! (`Plan`: group sizes, back-off, machines planned, where pods can go), tested on its own as
-//! well as through `decide`. Back-off is decided here only: [`back_off`] is the rule, for
+//! [`decide`] runs five phases in order — `repair`, `scale_up`, `min_and_standby`, `cap_boots`,
+//! `scale_down` — each a function of the indexed snapshot (`Context`) and the plan the earlier
+//! phases left (`Plan`: group sizes, back-off, machines planned, where pods can go), tested on
+//! its own as well as through `decide`. Back-off is decided here only: [`back_off`] is the rule, for
 //! repaired machines and for the refused creates the executor reports back.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -646,7 +646,7 @@ fn headroom(s: &ScalerSettings, gi: usize, planned: &[u32], size: &[u32]) -> u32
     s.groups[gi].max.saturating_sub(size[gi] + planned[gi])
 }
 
-/// Decides what to do, in four phases that each read the snapshot and the plan so far. See the
+/// Decides what to do, in five phases that each read the snapshot and the plan so far. See the
 /// module documentation.
 pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action> {
     let cx = Context::new(snap, now, s);
@@ -654,6 +654,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
     repair(&cx, &mut plan);
     scale_up(&cx, &mut plan);
     min_and_standby(&cx, &mut plan);
+    cap_boots(&cx, &mut plan);
     if s.scale_down_enabled {
         scale_down(&cx, &mut plan);
     }
@@ -683,7 +684,7 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
             None if age >= s.max_provision_time => Some(RepairReason::NeverRegistered),
             None => None,
             // Never a control-plane or etcd host, nor a node an operator protected.
-            Some(n) if n.protected_role() || n.scale_down_disabled => None,
+            Some(n) if n.protected_role(&s.controller_node_labels) || n.scale_down_disabled => None,
             Some(n) if n.booting() && (n.not_ready_in_time || age >= s.max_provision_time) => {
                 Some(RepairReason::NeverReady)
             }
@@ -1108,6 +1109,31 @@ fn min_and_standby(cx: &Context<'_>, plan: &mut Plan<'_>) {
     }
 }
 
+/// `max_boots_per_pass` (the nodemanager's `MaxBootPerIteration`): the machines of this pass's
+/// scale-ups together stay within the cap, taken in the order they were decided (pending pods,
+/// then min, then standby); a scale-up left with none is dropped. The next pass sees the
+/// machines created as registering and asks again for what is still missing.
+fn cap_boots(cx: &Context<'_>, plan: &mut Plan<'_>) {
+    let Some(mut left) = cx.s.max_boots_per_pass else {
+        return;
+    };
+    let Plan {
+        actions, planned, ..
+    } = plan;
+    actions.retain_mut(|a| {
+        let Action::ScaleUp { group, count, .. } = a else {
+            return true;
+        };
+        let allowed = (*count).min(left);
+        left -= allowed;
+        if let Some(&gi) = cx.groups.get(group.as_str()) {
+            planned[gi] = planned[gi].saturating_sub(*count - allowed);
+        }
+        *count = allowed;
+        allowed > 0
+    });
+}
+
 /// Scale-down: finish scale-downs in progress, find the nodes whose pods could all leave now
 /// (room elsewhere, budgets), count their unneeded time, and remove those past it.
 fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
@@ -1128,6 +1154,16 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
         ..
     } = plan;
     let scaling_up = planned.iter().any(|&p| p > 0);
+    // cluster-autoscaler's --scale-down-delay-after-add, cluster-wide as there: the last
+    // scale-up is the newest machine of a configured group (its creation time at the provider).
+    let last_add = snap
+        .machines
+        .iter()
+        .filter(|m| groups.contains_key(m.group.as_str()))
+        .map(|m| m.created)
+        .max();
+    let cooling_down = !s.scale_down_delay_after_add.is_zero()
+        && last_add.is_some_and(|t| elapsed(now, t) < s.scale_down_delay_after_add);
     let mut free_after: HashMap<&str, Resources> = HashMap::new();
     let mut claimed_nodes: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for b in bins.iter() {
@@ -1185,7 +1221,7 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
         if !n.ready
             || n.booting()
             || n.unschedulable
-            || n.protected_role()
+            || n.protected_role(&s.controller_node_labels)
             || n.scale_down_disabled
             || claimed
         {
@@ -1323,7 +1359,7 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
             });
             continue;
         };
-        if scaling_up || elapsed(now, since) < s.scale_down_unneeded_time {
+        if scaling_up || cooling_down || elapsed(now, since) < s.scale_down_unneeded_time {
             continue;
         }
         if size[c.group] <= s.groups[c.group].min {

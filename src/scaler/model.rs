@@ -21,7 +21,8 @@ pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 /// The Event reason the agent emits on a Node whose readiness gates never passed.
 pub const NOT_READY_IN_TIME: &str = "NodeNotReadyInTime";
-/// Labels of hosts the scaler must never remove, whatever group label they carry.
+/// Labels of hosts the scaler must never remove, whatever group label they carry: the default
+/// of `scaler.controller_node_labels`.
 pub const PROTECTED_ROLE_LABELS: &[&str] = &[
     "node-role.kubernetes.io/control-plane",
     "node-role.kubernetes.io/master",
@@ -96,11 +97,12 @@ impl NodeView {
             .collect()
     }
 
-    /// A control-plane or etcd host.
-    pub fn protected_role(&self) -> bool {
-        PROTECTED_ROLE_LABELS
+    /// A control-plane or etcd host: it has one of `controller_labels` (the setting
+    /// `scaler.controller_node_labels`).
+    pub fn protected_role(&self, controller_labels: &[String]) -> bool {
+        controller_labels
             .iter()
-            .any(|l| self.labels.contains_key(*l))
+            .any(|l| self.labels.contains_key(l.as_str()))
     }
 }
 

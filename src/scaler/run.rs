@@ -787,6 +787,7 @@ impl<P: Provider + 'static> Inner<P> {
                     (CLUSTER_TAG.to_string(), self.settings.cluster_name.clone()),
                     (POOL_TAG.to_string(), group.to_string()),
                 ]),
+                cherry: g.cherry.clone(),
             })
         };
         let first_sent = Mutex::new(None::<Duration>);
@@ -1106,6 +1107,46 @@ fn log_action(a: &Action, dry_run: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `pool_label = true` reaches the kubelet: the user data rendered for a new node of group
+    /// `web` with the shipped template registers it with `pool=web`, the label the Cherry
+    /// Servers autoscaler's users select in their affinities.
+    #[test]
+    fn pool_label_is_in_the_rendered_user_data() {
+        let config = crate::config::parse(&[crate::config::Source {
+            path: "a.toml".into(),
+            text: "[scaler]\npool_label = true\n[[scaler.groups]]\nname = \"web\"\nmax = 3\n"
+                .into(),
+        }])
+        .expect("config");
+        let s = &config.scaler;
+        let values = r#"
+api_server_endpoint = "10.0.0.10:6443"
+ca_cert_hashes = ["sha256:8c3d1e4f0a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d"]
+kubernetes_version = "v1.31.2"
+package_url = "https://downloads.example.com/nodeward/nodeward_0.1.0.{ext}"
+"#;
+        let token = token::generate(&mut rand::rng());
+        let v = build_values(
+            std::path::Path::new("values.toml"),
+            values,
+            &s.groups[0],
+            s,
+            &token,
+        )
+        .expect("values");
+        let out = crate::render::render(
+            "worker.yaml.tera",
+            include_str!("../../cloud-init/worker.yaml.tera"),
+            &v,
+        )
+        .expect("renders");
+        // kubeadm v1beta4 (1.31+): `- name: node-labels` and the value on the next line.
+        let at = out.find("node-labels").expect("a node-labels argument");
+        let labels = out[at..].lines().take(2).collect::<Vec<_>>().join(" ");
+        assert!(labels.contains("pool=web"), "{labels}");
+        assert!(labels.contains("nodeward.io/node-group=web"), "{labels}");
+    }
 
     /// The status is YAML a reader can parse whatever the identity or the actions contain (the
     /// format!-built text broke on a `: ` or a `#` in them).

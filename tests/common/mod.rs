@@ -526,6 +526,7 @@ pub fn scaler_group(name: &str, max: u32) -> nodeward::config::GroupSettings {
         template: concat!(env!("CARGO_MANIFEST_DIR"), "/cloud-init/worker.yaml.tera").into(),
         hostname_pattern: None,
         capacity,
+        cherry: Default::default(),
     }
 }
 

@@ -42,6 +42,7 @@ fn group(name: &str, min: u32, max: u32) -> GroupSettings {
         capacity: Capacity {
             resources: res(4000, 16, 110),
         },
+        cherry: Default::default(),
     }
 }
 
@@ -1707,4 +1708,114 @@ mod phases {
         scale_down(&cx, &mut plan);
         assert!(scale_downs(&plan.actions).is_empty(), "{:?}", plan.actions);
     }
+}
+
+/// `max_boots_per_pass` (the nodemanager's `MaxBootPerIteration`) caps the machines created in
+/// one pass over all groups, in the order the scale-ups were decided (pending pods first, then
+/// min, then standby); the next pass, seeing the machines created, asks for the rest.
+#[test]
+fn max_boots_per_pass_caps_scale_ups_across_groups() {
+    let mut s = settings(vec![group("batch", 3, 10), group("web", 0, 10)]);
+    let mut snap = Snapshot::default();
+    for i in 0..4 {
+        let mut p = pod(&format!("p{i}"), 3000, 1);
+        p.node_selector
+            .insert(NODE_GROUP_LABEL.into(), "web".into());
+        snap.pods.push(p);
+    }
+    assert_eq!(
+        scale_ups(&decide(&snap, t0(), &s)),
+        vec![
+            ("web".into(), 4, ScaleUpReason::PendingPods),
+            ("batch".into(), 3, ScaleUpReason::BelowMin),
+        ],
+        "no cap by default"
+    );
+    s.max_boots_per_pass = Some(5);
+    assert_eq!(
+        scale_ups(&decide(&snap, t0(), &s)),
+        vec![
+            ("web".into(), 4, ScaleUpReason::PendingPods),
+            ("batch".into(), 1, ScaleUpReason::BelowMin),
+        ]
+    );
+    s.max_boots_per_pass = Some(2);
+    let a = decide(&snap, t0(), &s);
+    assert_eq!(
+        scale_ups(&a),
+        vec![("web".into(), 2, ScaleUpReason::PendingPods)],
+        "a scale-up capped to nothing is dropped: {a:?}"
+    );
+    // The next pass sees the two machines registering and asks for the next two.
+    snap.machines.push(machine("web-1", "web", t0()));
+    snap.machines.push(machine("web-2", "web", t0()));
+    assert_eq!(
+        scale_ups(&decide(&snap, at(1), &s)),
+        vec![("web".into(), 2, ScaleUpReason::PendingPods)]
+    );
+}
+
+/// `scale_down_delay_after_add` holds every scale-down, cluster-wide as cluster-autoscaler's
+/// flag does, until that long after the newest machine was created; unneeded times are still
+/// counted meanwhile.
+#[test]
+fn no_scale_down_for_the_delay_after_the_last_scale_up() {
+    let mut s = settings(vec![group("web", 0, 10), group("batch", 0, 10)]);
+    let mut snap = scale_down_snapshot();
+    snap.nodes[0].unneeded_since = Some(at(-60));
+    for m in &mut snap.machines {
+        m.created = at(-100);
+    }
+    // The newest machine, in another group: CA's delay is cluster-wide.
+    snap.nodes.push(node("d", Some("batch")));
+    snap.machines.push(machine("d", "batch", at(-3)));
+    assert_eq!(
+        scale_downs(&decide(&snap, t0(), &s)),
+        ["a"],
+        "off by default"
+    );
+    s.scale_down_delay_after_add = std::time::Duration::from_secs(600);
+    let a = decide(&snap, t0(), &s);
+    assert!(scale_downs(&a).is_empty(), "3 minutes after an add: {a:?}");
+    assert!(
+        marked(&a).contains(&"d".to_string()),
+        "unneeded time still counted during the delay: {a:?}"
+    );
+    let a = decide(&snap, at(7), &s);
+    assert_eq!(scale_downs(&a), ["a"], "10 minutes after the add: {a:?}");
+}
+
+/// `controller_node_labels` (the Cherry Servers autoscaler's controller node label) replaces
+/// the built-in list of labels that mark hosts the scaler never touches.
+#[test]
+fn the_controller_node_labels_are_configurable() {
+    let mut s = settings(vec![group("web", 0, 10)]);
+    let mut snap = scale_down_snapshot();
+    snap.nodes[0].unneeded_since = Some(at(-60));
+    snap.nodes[0].labels.insert(
+        "node-role.kubernetes.io/control-plane".into(),
+        String::new(),
+    );
+    assert!(
+        scale_downs(&decide(&snap, t0(), &s)).is_empty(),
+        "the default list protects a control-plane host"
+    );
+    s.controller_node_labels = vec!["example.com/controller".into()];
+    assert_eq!(
+        scale_downs(&decide(&snap, t0(), &s)),
+        ["a"],
+        "a list given replaces the defaults"
+    );
+    snap.nodes[0]
+        .labels
+        .insert("example.com/controller".into(), "true".into());
+    assert!(scale_downs(&decide(&snap, t0(), &s)).is_empty());
+    // Nor repaired: a NotReady controller host stays.
+    snap.nodes[0].ready = false;
+    snap.nodes[0].ready_transition = Some(at(-600));
+    let a = decide(&snap, t0(), &s);
+    assert!(
+        !a.iter().any(|a| matches!(a, Action::Repair { .. })),
+        "{a:?}"
+    );
 }

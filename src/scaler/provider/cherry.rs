@@ -29,6 +29,24 @@ const NAME: &str = "cherry";
 /// Server states that mean the machine is on its way out and no longer a member.
 const GONE_STATES: &[&str] = &["terminating", "deleting", "deleted"];
 
+/// Servers asked for per list page. The API may answer with fewer (its own maximum), so the
+/// next page starts where the servers received end, not at a multiple of this.
+const PAGE_LIMIT: usize = 100;
+
+/// Pages read in one listing at most: 1,000 pages of 100 is far beyond any project the scaler
+/// serves, and an API that ignored `offset` must not keep a pass listing forever.
+const MAX_PAGES: usize = 1000;
+
+/// At most this many servers of a page are read again at the start of the next one (a quarter
+/// of the page when pages are small). A server deleted while the pages are read shifts those
+/// after it back by one; without the overlap one of them would fall between two pages, be
+/// missing for a pass, and its group would look a machine short — a duplicate create. Ids are
+/// deduplicated, so reading a few twice costs nothing.
+const PAGE_OVERLAP: usize = 10;
+
+/// The header with the number of servers in all pages.
+const TOTAL_HEADER: &str = "x-total-count";
+
 /// A Cherry Servers client for one project and cluster.
 pub struct Cherry {
     http: reqwest::Client,
@@ -151,6 +169,19 @@ impl Cherry {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Result<String> {
+        self.request(action, method, path, body)
+            .await
+            .map(|(text, _)| text)
+    }
+
+    /// Sends a request; the answer's text and its `X-Total-Count`, if it has one.
+    async fn request(
+        &self,
+        action: &'static str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<(String, Option<usize>)> {
         let url = format!("{}{}", self.base, path);
         let started = Instant::now();
         let mut req = self
@@ -168,6 +199,11 @@ impl Cherry {
         };
         let resp = req.send().await.map_err(transport)?;
         let status = resp.status();
+        let total = resp
+            .headers()
+            .get(TOTAL_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
         let text = resp.text().await.map_err(transport)?;
         debug!(%method, path, status = status.as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "cherry request");
         if !status.is_success() {
@@ -178,7 +214,7 @@ impl Cherry {
                 message: truncate(&text),
             });
         }
-        Ok(text)
+        Ok((text, total))
     }
 
     fn machine(&self, s: Server, action: &'static str) -> Result<Option<MachineView>> {
@@ -189,10 +225,7 @@ impl Cherry {
         let Some(group) = s.tags.get(POOL_TAG).cloned() else {
             return Ok(None);
         };
-        let id = match &s.id {
-            serde_json::Value::String(v) => v.clone(),
-            other => other.to_string(),
-        };
+        let id = server_id(&s.id);
         let created = s
             .created_at
             .as_deref()
@@ -211,6 +244,14 @@ impl Cherry {
     }
 }
 
+/// A server id as a string (the API gives numbers; strings are kept as they are).
+fn server_id(id: &serde_json::Value) -> String {
+    match id {
+        serde_json::Value::String(v) => v.clone(),
+        other => other.to_string(),
+    }
+}
+
 fn decode<T: serde::de::DeserializeOwned>(action: &'static str, text: &str) -> Result<T> {
     serde_json::from_str(text).map_err(|e| Error::Decode {
         provider: NAME,
@@ -222,22 +263,48 @@ fn decode<T: serde::de::DeserializeOwned>(action: &'static str, text: &str) -> R
 impl Provider for Cherry {
     #[instrument(skip(self), err)]
     async fn list(&self) -> Result<Vec<MachineView>> {
-        let text = self
-            .send(
-                "list",
-                reqwest::Method::GET,
-                &format!("projects/{}/servers", self.project),
-                None,
-            )
-            .await?;
-        let servers: Vec<Server> = decode("list", &text)?;
         let mut out = Vec::new();
-        for s in servers {
-            if let Some(m) = self.machine(s, "list")? {
-                out.push(m);
+        let mut seen = std::collections::HashSet::new();
+        let mut offset = 0;
+        for _ in 0..MAX_PAGES {
+            let (text, total) = self
+                .request(
+                    "list",
+                    reqwest::Method::GET,
+                    &format!(
+                        "projects/{}/servers?limit={PAGE_LIMIT}&offset={offset}",
+                        self.project
+                    ),
+                    None,
+                )
+                .await?;
+            let servers: Vec<Server> = decode("list", &text)?;
+            let received = servers.len();
+            let mut new = 0;
+            for s in servers {
+                if !seen.insert(server_id(&s.id)) {
+                    continue;
+                }
+                new += 1;
+                if let Some(m) = self.machine(s, "list")? {
+                    out.push(m);
+                }
             }
+            let end = offset + received;
+            // Done when this page reached the end of the list as the API counts it now, or when
+            // a page is empty or only repeats servers already seen (an API that ignores paging
+            // sends everything every time). Counting the ids seen instead would stop early after
+            // a delete: the deleted server was seen but no longer counts in the total.
+            if new == 0 || total.is_some_and(|t| end >= t) {
+                return Ok(out);
+            }
+            offset = end - (received / 4).min(PAGE_OVERLAP);
         }
-        Ok(out)
+        Err(Error::Decode {
+            provider: NAME,
+            action: "list",
+            message: format!("the server list did not end after {MAX_PAGES} pages"),
+        })
     }
 
     #[instrument(skip(self, spec), fields(group = %spec.group, hostname = %spec.hostname), err)]
@@ -247,7 +314,7 @@ impl Provider for Cherry {
             .iter()
             .map(|k| k.parse::<i64>().map_or_else(|_| json!(k), |n| json!(n)))
             .collect();
-        let body = json!({
+        let mut body = json!({
             "plan": spec.plan,
             "image": spec.image,
             "region": spec.region,
@@ -256,6 +323,18 @@ impl Provider for Cherry {
             "user_data": base64::engine::general_purpose::STANDARD.encode(spec.user_data.expose()),
             "tags": spec.tags,
         });
+        // The optional fields only when the group sets them, with the API's types (the Cherry
+        // Servers autoscaler's `CreateServer`: ints for the partition size and the spot flag).
+        let extra = &spec.cherry;
+        if let Some(size) = extra.os_partition_size {
+            body["os_partition_size"] = json!(size);
+        }
+        if extra.spot_market {
+            body["spot_market"] = json!(1);
+        }
+        if !extra.ip_addresses.is_empty() {
+            body["ip_addresses"] = json!(extra.ip_addresses);
+        }
         let text = self
             .send(
                 "create",

@@ -11,6 +11,7 @@ pub mod exec;
 use std::collections::BTreeMap;
 use std::future::Future;
 
+use crate::config::CherryGroupSettings;
 use crate::scaler::model::MachineView;
 use crate::scaler::resources::Resources;
 use crate::secret::Secret;
@@ -108,6 +109,8 @@ pub struct CreateSpec {
     pub user_data: Secret<String>,
     /// Tags, including [`CLUSTER_TAG`] and [`POOL_TAG`].
     pub tags: BTreeMap<String, String>,
+    /// The group's Cherry Servers create fields (other providers ignore them).
+    pub cherry: CherryGroupSettings,
 }
 
 /// A cloud that lists, creates and deletes this cluster's machines.

@@ -1,8 +1,11 @@
 //! `cherry-emulator`: the parts of the Cherry Servers API v1 the scaler uses, served over HTTP on
 //! 127.0.0.1 for tests — never shipped.
 //!
-//! Served: `GET /v1/projects/{id}/servers`, `POST /v1/projects/{id}/servers`,
-//! `GET|DELETE /v1/servers/{id}`, `GET /v1/plans`. Requests need `Authorization: Bearer <token>`
+//! Served: `GET /v1/projects/{id}/servers` (paged with `limit` and `offset`, the total in
+//! `X-Total-Count`; a test can cap the page size below what the client asks for, as an API with a
+//! maximum page does), `POST /v1/projects/{id}/servers` (the optional create fields of the Cherry
+//! Servers autoscaler's `CreateServer` are type-checked and recorded), `GET|DELETE
+//! /v1/servers/{id}`, `GET /v1/plans`. Requests need `Authorization: Bearer <token>`
 //! (401 otherwise). Tests inject faults (status codes for the next N matching requests) and
 //! latency, read the servers and their (decoded-on-demand) user data, and see a request log that
 //! records whether a token was sent, never the token itself.
@@ -87,6 +90,12 @@ struct State {
     latency: Duration,
     log: Vec<Logged>,
     deleted: Vec<u64>,
+    /// Create bodies as received, without `user_data` (see [`CherryEmulator::user_data`]).
+    creates: Vec<Value>,
+    /// Most servers one list page holds, whatever `limit` asks; `None`: as many as asked.
+    max_page: Option<usize>,
+    /// A server deleted (by someone else) right after the next list page is served.
+    delete_after_page: Option<u64>,
 }
 
 struct Shared {
@@ -179,6 +188,22 @@ impl CherryEmulator {
         self.shared.state().user_data.get(&id).cloned()
     }
 
+    /// The bodies of the accepted creates, in order, without `user_data`.
+    pub fn create_requests(&self) -> Vec<Value> {
+        self.shared.state().creates.clone()
+    }
+
+    /// Caps list pages at `n` servers (the client must follow the pages to see them all).
+    pub fn set_max_page(&self, n: usize) {
+        self.shared.state().max_page = Some(n.max(1));
+    }
+
+    /// Deletes server `id` right after the next list page is served, as a delete racing a
+    /// paged listing does.
+    pub fn delete_after_next_page(&self, id: u64) {
+        self.shared.state().delete_after_page = Some(id);
+    }
+
     /// Ids of servers deleted through the API, in order.
     pub fn deleted(&self) -> Vec<u64> {
         self.shared.state().deleted.clone()
@@ -251,6 +276,39 @@ fn reply(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
     r
 }
 
+/// The optional `CreateServer` fields, checked against the types of the Cherry Servers
+/// autoscaler's API types: `os_partition_size` a positive int (GB), `spot_market` the int `0` or
+/// `1`, `ip_addresses` an array of IP address id strings.
+fn check_create_fields(req: &Value) -> Result<(), &'static str> {
+    if let Some(v) = req.get("os_partition_size")
+        && v.as_u64().is_none_or(|n| n == 0)
+    {
+        return Err("os_partition_size must be a positive integer (GB)");
+    }
+    if let Some(v) = req.get("spot_market")
+        && !matches!(v.as_u64(), Some(0 | 1))
+    {
+        return Err("spot_market must be the integer 0 or 1");
+    }
+    if let Some(v) = req.get("ip_addresses")
+        && !v
+            .as_array()
+            .is_some_and(|a| a.iter().all(|i| i.as_str().is_some_and(|s| !s.is_empty())))
+    {
+        return Err("ip_addresses must be an array of IP address ids");
+    }
+    Ok(())
+}
+
+/// A query parameter as a number.
+fn query_number(query: &str, key: &str) -> Option<usize> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
 fn error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
     reply(
         status,
@@ -261,6 +319,7 @@ fn error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
 async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or_default().to_string();
     let authorized = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
@@ -276,7 +335,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let resp = route(shared, &method, &path, authorized, &body);
+    let resp = route(shared, &method, &path, &query, authorized, &body);
     shared.state().log.push(Logged {
         method: method.to_string(),
         path,
@@ -290,6 +349,7 @@ fn route(
     shared: &Shared,
     method: &Method,
     path: &str,
+    query: &str,
     authorized: bool,
     body: &[u8],
 ) -> Response<Full<Bytes>> {
@@ -325,10 +385,18 @@ fn route(
             if *project != shared.opts.project_id.to_string() {
                 return error(StatusCode::NOT_FOUND, "project not found");
             }
-            reply(
-                StatusCode::OK,
-                &json!(st.servers.values().collect::<Vec<_>>()),
-            )
+            let total = st.servers.len();
+            let offset = query_number(query, "offset").unwrap_or(0);
+            let limit = query_number(query, "limit").unwrap_or(total);
+            let limit = st.max_page.map_or(limit, |m| limit.min(m));
+            let page: Vec<&Value> = st.servers.values().skip(offset).take(limit).collect();
+            let mut r = reply(StatusCode::OK, &json!(page));
+            if let Some(id) = st.delete_after_page.take() {
+                st.servers.remove(&id);
+            }
+            r.headers_mut()
+                .insert("X-Total-Count", hyper::header::HeaderValue::from(total));
+            r
         }
         (&Method::POST, ["v1", "projects", project, "servers"]) => {
             if *project != shared.opts.project_id.to_string() {
@@ -351,6 +419,9 @@ fn route(
                     "hostname, plan and region are required",
                 );
             }
+            if let Err(message) = check_create_fields(&req) {
+                return error(StatusCode::BAD_REQUEST, message);
+            }
             let user_data = match req.get("user_data").and_then(Value::as_str) {
                 Some(b64) => match decode_base64(b64) {
                     Some(text) => text,
@@ -360,7 +431,7 @@ fn route(
             };
             st.next_id += 1;
             let id = st.next_id;
-            let server = server_json(
+            let mut server = server_json(
                 id,
                 &hostname,
                 &plan,
@@ -368,8 +439,15 @@ fn route(
                 &image,
                 req.get("tags").cloned().unwrap_or(json!({})),
             );
+            server["spot_instance"] =
+                json!(req.get("spot_market").and_then(Value::as_u64) == Some(1));
             st.servers.insert(id, server.clone());
             st.user_data.insert(id, user_data);
+            let mut recorded = req;
+            if let Some(o) = recorded.as_object_mut() {
+                o.remove("user_data");
+            }
+            st.creates.push(recorded);
             reply(StatusCode::CREATED, &server)
         }
         (&Method::GET, ["v1", "servers", id]) => {
