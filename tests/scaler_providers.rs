@@ -28,6 +28,21 @@ async fn emulator() -> CherryEmulator {
     .expect("cherry emulator")
 }
 
+/// The hostnames cluster "prod"'s Cherry provider lists, sorted.
+async fn listed_hosts(emu: &CherryEmulator) -> Vec<String> {
+    let c =
+        Cherry::new(&cherry_settings(emu.url()), "prod", Some(API_TOKEN.into())).expect("client");
+    let mut hosts: Vec<String> = c
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|m| m.hostname)
+        .collect();
+    hosts.sort();
+    hosts
+}
+
 fn cherry_settings(url: String) -> CherrySettings {
     CherrySettings {
         api_url: url,
@@ -204,16 +219,7 @@ async fn cherry_list_follows_every_page() {
             serde_json::json!({CLUSTER_TAG: "other", POOL_TAG: "web"}),
         );
     }
-    let c =
-        Cherry::new(&cherry_settings(emu.url()), "prod", Some(API_TOKEN.into())).expect("client");
-    let mut hosts: Vec<String> = c
-        .list()
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|m| m.hostname)
-        .collect();
-    hosts.sort();
+    let hosts = listed_hosts(&emu).await;
     assert_eq!(
         hosts,
         (0..5).map(|i| format!("prod-{i}")).collect::<Vec<_>>(),
@@ -243,16 +249,7 @@ async fn cherry_list_misses_nothing_when_a_server_goes_between_pages() {
         })
         .collect();
     emu.delete_after_next_page(ids[1]);
-    let c =
-        Cherry::new(&cherry_settings(emu.url()), "prod", Some(API_TOKEN.into())).expect("client");
-    let mut hosts: Vec<String> = c
-        .list()
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|m| m.hostname)
-        .collect();
-    hosts.sort();
+    let hosts = listed_hosts(&emu).await;
     // prod-01 was on the first page when it was read; prod-04 moved to where prod-03 was.
     let want: Vec<String> = (0..12).map(|i| format!("prod-{i:02}")).collect();
     assert_eq!(hosts, want);

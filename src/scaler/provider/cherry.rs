@@ -252,6 +252,21 @@ fn server_id(id: &serde_json::Value) -> String {
     }
 }
 
+/// Where the next list page starts after one that began at `offset` and brought `received`
+/// servers, `new` of them not seen before, with `total` servers in all as the API counts them now;
+/// `None` when the listing is complete. It is complete when this page reached that total, or when
+/// a page is empty or only repeats servers already seen (an API that ignores paging sends
+/// everything every time). Counting the ids seen instead would stop early after a delete: the
+/// deleted server was seen but no longer counts in the total. The next page overlaps this one by
+/// up to [`PAGE_OVERLAP`] servers.
+fn next_offset(offset: usize, received: usize, new: usize, total: Option<usize>) -> Option<usize> {
+    let end = offset + received;
+    if new == 0 || total.is_some_and(|t| end >= t) {
+        return None;
+    }
+    Some(end - (received / 4).min(PAGE_OVERLAP))
+}
+
 fn decode<T: serde::de::DeserializeOwned>(action: &'static str, text: &str) -> Result<T> {
     serde_json::from_str(text).map_err(|e| Error::Decode {
         provider: NAME,
@@ -290,15 +305,10 @@ impl Provider for Cherry {
                     out.push(m);
                 }
             }
-            let end = offset + received;
-            // Done when this page reached the end of the list as the API counts it now, or when
-            // a page is empty or only repeats servers already seen (an API that ignores paging
-            // sends everything every time). Counting the ids seen instead would stop early after
-            // a delete: the deleted server was seen but no longer counts in the total.
-            if new == 0 || total.is_some_and(|t| end >= t) {
-                return Ok(out);
+            match next_offset(offset, received, new, total) {
+                Some(next) => offset = next,
+                None => return Ok(out),
             }
-            offset = end - (received / 4).min(PAGE_OVERLAP);
         }
         Err(Error::Decode {
             provider: NAME,
@@ -392,5 +402,25 @@ impl Provider for Cherry {
                 ..Resources::default()
             }
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_offset;
+
+    #[test]
+    fn a_listing_pages_on_with_overlap_until_the_total_or_nothing_new() {
+        // A full page of 100 of 250: the next starts 10 back.
+        assert_eq!(next_offset(0, 100, 100, Some(250)), Some(90));
+        // Small pages overlap by a quarter.
+        assert_eq!(next_offset(0, 4, 4, Some(12)), Some(3));
+        // The page reached the total: done.
+        assert_eq!(next_offset(200, 50, 40, Some(250)), None);
+        // Nothing new (an API that ignores paging), or an empty page: done.
+        assert_eq!(next_offset(0, 100, 0, None), None);
+        assert_eq!(next_offset(90, 0, 0, None), None);
+        // No total header: on while pages bring new servers.
+        assert_eq!(next_offset(0, 2, 2, None), Some(2));
     }
 }
