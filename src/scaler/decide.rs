@@ -33,7 +33,7 @@ use super::model::{
 use super::resources::Resources;
 use crate::config::{Expander, GroupSettings, ScalerSettings};
 use crate::names::NODE_GROUP_LABEL;
-use first_fit::FirstFit;
+use first_fit::{FirstFit, Probe};
 use topology::{BinSite, HOSTNAME, Place, Topology};
 
 /// Why a group grows.
@@ -836,11 +836,10 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
             if host_free && !(selects(p, &class.labels, "") && tolerates(p, class.taints)) {
                 continue;
             }
-            let mut from = 0;
-            while let Some(pos) = class.fit.first(from, &p.requests) {
+            let found = class.fit.first_where(&p.requests, |pos| {
                 let i = class.bins[pos];
                 if best.is_some_and(|(b, ..)| b < i) {
-                    break;
+                    return Probe::Stop;
                 }
                 let b = &bins[i];
                 let taints: &[TaintView] = startup_free.get(i).map_or(b.taints, Vec::as_slice);
@@ -849,10 +848,13 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
                     && tolerates(p, taints)
                     && topo.allows(qi, Place::Bin(i))
                 {
-                    best = Some((i, ci, pos));
-                    break;
+                    Probe::Take
+                } else {
+                    Probe::Skip
                 }
-                from = pos + 1;
+            });
+            if let Some(pos) = found {
+                best = Some((class.bins[pos], ci, pos));
             }
         }
         match best {
@@ -912,24 +914,18 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
                 if !remaining[pi] || !fits_template[gi][pi] {
                     continue;
                 }
-                let mut target = None;
-                let mut from = 0;
-                while let Some(j) = fit.first(from, &p.requests) {
+                let target = fit.first_where(&p.requests, |j| {
                     let (free, host) = &nodes[j];
-                    if free.fits(&p.requests)
-                        && topo.allows(
-                            qi,
-                            Place::New {
-                                group: gi,
-                                host: *host,
-                            },
-                        )
-                    {
-                        target = Some(j);
-                        break;
+                    let place = Place::New {
+                        group: gi,
+                        host: *host,
+                    };
+                    if free.fits(&p.requests) && topo.allows(qi, place) {
+                        Probe::Take
+                    } else {
+                        Probe::Skip
                     }
-                    from = j + 1;
-                }
+                });
                 let j = match target {
                     Some(j) => j,
                     None if (nodes.len() as u32) < room => {
