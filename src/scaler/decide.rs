@@ -16,7 +16,8 @@
 //! in the node's annotation so a restarted scaler picks up where the last one stopped.
 //!
 //! [`decide`] runs five phases in order — `repair`, `scale_up`, `min_and_standby`, `cap_boots`,
-//! `scale_down` — each a function of the indexed snapshot (`Context`) and the plan the earlier
+//! `scale_down` — each a function of the indexed snapshot (`Context`: the pods, most of a
+//! snapshot, read once in their order into per-node lists and sums) and the plan the earlier
 //! phases left (`Plan`: group sizes, back-off, machines planned, where pods can go), tested on
 //! its own as well as through `decide`. Back-off is decided here only: [`back_off`] is the rule, for
 //! repaired machines and for the refused creates the executor reports back.
@@ -33,7 +34,8 @@ use super::model::{
 use super::resources::Resources;
 use crate::config::{Expander, GroupSettings, ScalerSettings};
 use crate::names::NODE_GROUP_LABEL;
-use first_fit::FirstFit;
+use first_fit::{FirstFit, Probe};
+use node_index::NodeIndex;
 use topology::{BinSite, HOSTNAME, Place, Topology};
 
 /// Why a group grows.
@@ -426,11 +428,8 @@ struct Template {
     free: Resources,
 }
 
-fn template(
-    g: &GroupSettings,
-    snap: &Snapshot,
-    pods_on: &HashMap<&str, Vec<&PodView>>,
-) -> Template {
+fn template(g: &GroupSettings, cx: &Context<'_>) -> Template {
+    let snap = cx.snap;
     // Every nodeward node runs Linux (the cloud-init templates are Linux's). The architecture is
     // the plan's, which only the group knows: it comes from the group's `labels`
     // (`kubernetes.io/arch`) or from a node of the group, never from a guess.
@@ -455,7 +454,7 @@ fn template(
             }
         }
         allocatable = n.allocatable.clone();
-        for p in pods_on.get(n.name.as_str()).into_iter().flatten() {
+        for p in cx.pods_on(&n.name) {
             if p.daemon() {
                 overhead.add(&p.requests);
             }
@@ -551,6 +550,20 @@ fn share(used: i64, total: i64) -> f64 {
     }
 }
 
+/// What the pods bound to a node take, summed in one pass over the pods for every phase.
+#[derive(Debug, Default)]
+struct NodeUsage {
+    /// The requests of all its pods.
+    requested: Resources,
+    /// The requests of the pods a drain would move (all but DaemonSet and mirror pods).
+    movable: Resources,
+    /// It holds a pod a drain would move.
+    has_movable: bool,
+    /// One of those keeps it from scale-down: `safe-to-evict: false`, no controller, or local
+    /// storage without `safe-to-evict: true`.
+    pinned: bool,
+}
+
 /// The snapshot indexed once, for every phase.
 struct Context<'a> {
     snap: &'a Snapshot,
@@ -559,20 +572,69 @@ struct Context<'a> {
     groups: HashMap<&'a str, usize>,
     node_by_name: HashMap<&'a str, &'a NodeView>,
     machine_by_host: HashMap<&'a str, &'a MachineView>,
-    pods_on: HashMap<&'a str, Vec<&'a PodView>>,
+    /// Each node's index in `snap.nodes`, by name.
+    node_index: NodeIndex<'a>,
+    /// Per pod of `snap.pods`, the index of the node it is bound to (`None`: unbound, or its
+    /// node is not listed).
+    node_of: Vec<Option<usize>>,
+    /// The bound pods grouped by node index, in snapshot order within a node: node `i`'s are
+    /// `bound[pods_from[i]..pods_from[i + 1]]`. One list sized once, not a list per node grown
+    /// pod by pod.
+    bound: Vec<&'a PodView>,
+    pods_from: Vec<usize>,
+    /// Per node index, what they take.
+    usage: Vec<NodeUsage>,
+    /// The pods the scheduler found no node for, in snapshot order.
+    unschedulable: Vec<&'a PodView>,
     /// What one new node of each group looks like.
     templates: Vec<Template>,
 }
 
 impl<'a> Context<'a> {
     fn new(snap: &'a Snapshot, now: Timestamp, s: &'a ScalerSettings) -> Self {
-        let mut pods_on: HashMap<&str, Vec<&PodView>> = HashMap::new();
+        let node_index = NodeIndex::new(snap.nodes.iter().map(|n| n.name.as_str()));
+        // One pass over the pods, in their order (the pods are most of the snapshot).
+        let mut node_of = Vec::with_capacity(snap.pods.len());
+        // Per node, how many pods it has; then where its pods start in `bound`.
+        let mut pods_from: Vec<usize> = vec![0; snap.nodes.len() + 1];
+        let mut usage: Vec<NodeUsage> = std::iter::repeat_with(NodeUsage::default)
+            .take(snap.nodes.len())
+            .collect();
+        let mut unschedulable = Vec::new();
         for p in &snap.pods {
-            if let Some(n) = &p.node {
-                pods_on.entry(n.as_str()).or_default().push(p);
+            if p.unschedulable {
+                unschedulable.push(p);
+            }
+            let ni = p.node.as_deref().and_then(|n| node_index.get(n));
+            node_of.push(ni);
+            let Some(ni) = ni else { continue };
+            pods_from[ni + 1] += 1;
+            let u = &mut usage[ni];
+            u.requested.add(&p.requests);
+            if !p.daemon() {
+                u.movable.add(&p.requests);
+                u.has_movable = true;
+                u.pinned |= p.safe_to_evict == Some(false)
+                    || p.controller_kind.is_none()
+                    || (p.local_storage && p.safe_to_evict != Some(true));
             }
         }
-        Self {
+        let mut sum = 0;
+        for n in &mut pods_from {
+            sum += *n;
+            *n = sum;
+        }
+        // Filled from `node_of` alone: the pods themselves are not read again.
+        let mut next = pods_from.clone();
+        let mut slots: Vec<Option<&PodView>> = vec![None; pods_from[snap.nodes.len()]];
+        for (p, ni) in snap.pods.iter().zip(&node_of) {
+            if let Some(&ni) = ni.as_ref() {
+                slots[next[ni]] = Some(p);
+                next[ni] += 1;
+            }
+        }
+        let bound: Vec<&PodView> = slots.into_iter().flatten().collect();
+        let mut cx = Self {
             snap,
             now,
             s,
@@ -588,20 +650,34 @@ impl<'a> Context<'a> {
                 .iter()
                 .map(|m| (m.hostname.as_str(), m))
                 .collect(),
-            templates: s
-                .groups
-                .iter()
-                .map(|g| template(g, snap, &pods_on))
-                .collect(),
-            pods_on,
-        }
+            node_index,
+            node_of,
+            bound,
+            pods_from,
+            usage,
+            unschedulable,
+            templates: Vec::new(),
+        };
+        cx.templates = s.groups.iter().map(|g| template(g, &cx)).collect();
+        cx
+    }
+
+    /// The pods bound to the node named `n`.
+    fn pods_on(&self, n: &str) -> &[&'a PodView] {
+        self.node_index
+            .get(n)
+            .and_then(|i| self.bound.get(self.pods_from[i]..self.pods_from[i + 1]))
+            .unwrap_or_default()
+    }
+
+    /// What the pods bound to the node named `n` take.
+    fn usage(&self, n: &str) -> Option<&NodeUsage> {
+        self.node_index.get(n).map(|i| &self.usage[i])
     }
 
     /// Holds no pods but DaemonSet and mirror pods.
     fn empty(&self, n: &NodeView) -> bool {
-        self.pods_on
-            .get(n.name.as_str())
-            .is_none_or(|ps| ps.iter().all(|p| p.daemon()))
+        self.usage(&n.name).is_none_or(|u| !u.has_movable)
     }
 }
 
@@ -750,8 +826,7 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
 /// onto new nodes of the groups the expander chooses; say why for each pod left over.
 fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
     let (snap, now, s) = (cx.snap, cx.now, cx.s);
-    let (groups, node_by_name, pods_on, templates) =
-        (&cx.groups, &cx.node_by_name, &cx.pods_on, &cx.templates);
+    let (groups, node_by_name, templates) = (&cx.groups, &cx.node_by_name, &cx.templates);
     let Plan {
         actions,
         size,
@@ -771,8 +846,8 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
             continue;
         }
         let mut free = n.allocatable.clone();
-        for p in pods_on.get(n.name.as_str()).into_iter().flatten() {
-            free.sub(&p.requests);
+        if let Some(u) = cx.usage(&n.name) {
+            free.sub(&u.requested);
         }
         bins.push(Bin {
             name: &n.name,
@@ -803,11 +878,14 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
         });
         bin_group.push(Some(gi));
     }
-    let mut pending: Vec<&PodView> = snap.pods.iter().filter(|p| p.unschedulable).collect();
-    pending.sort_by(|a, b| {
-        (b.requests.cpu_milli, b.requests.memory)
-            .cmp(&(a.requests.cpu_milli, a.requests.memory))
-            .then_with(|| a.key().cmp(&b.key()))
+    let mut pending: Vec<&PodView> = cx.unschedulable.clone();
+    // Largest first (FFD), then by `namespace/name`, built once per pod rather than per
+    // comparison: most pending pods request alike.
+    pending.sort_by_cached_key(|p| {
+        (
+            std::cmp::Reverse((p.requests.cpu_milli, p.requests.memory)),
+            p.key(),
+        )
     });
     let machine_of: Vec<Option<usize>> = bins
         .iter()
@@ -824,7 +902,14 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
         .collect();
     let template_labels: Vec<&BTreeMap<String, String>> =
         templates.iter().map(|t| &t.labels).collect();
-    let mut topo = Topology::new(&snap.nodes, pods_on, &sites, &template_labels, &pending);
+    let mut topo = Topology::new(
+        &snap.nodes,
+        &snap.pods,
+        &cx.node_of,
+        &sites,
+        &template_labels,
+        &pending,
+    );
     let mut classes = BinClasses::new(bins, startup_free.as_slice());
     // Pending pods (by index in `pending`) that fit no bin.
     let mut unplaced_q: Vec<usize> = Vec::new();
@@ -836,11 +921,10 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
             if host_free && !(selects(p, &class.labels, "") && tolerates(p, class.taints)) {
                 continue;
             }
-            let mut from = 0;
-            while let Some(pos) = class.fit.first(from, &p.requests) {
+            let found = class.fit.first_where(&p.requests, |pos| {
                 let i = class.bins[pos];
                 if best.is_some_and(|(b, ..)| b < i) {
-                    break;
+                    return Probe::Stop;
                 }
                 let b = &bins[i];
                 let taints: &[TaintView] = startup_free.get(i).map_or(b.taints, Vec::as_slice);
@@ -849,10 +933,13 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
                     && tolerates(p, taints)
                     && topo.allows(qi, Place::Bin(i))
                 {
-                    best = Some((i, ci, pos));
-                    break;
+                    Probe::Take
+                } else {
+                    Probe::Skip
                 }
-                from = pos + 1;
+            });
+            if let Some(pos) = found {
+                best = Some((class.bins[pos], ci, pos));
             }
         }
         match best {
@@ -884,6 +971,11 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
     // that could have gone elsewhere and strand the ones that could not (then by size, FFD).
     let mut order: Vec<usize> = (0..unplaced.len()).collect();
     order.sort_by_key(|&pi| (fits_template.iter().filter(|f| f[pi]).count(), pi));
+    // Per group, in that order, the pods its template can take.
+    let candidates: Vec<Vec<usize>> = fits_template
+        .iter()
+        .map(|fits| order.iter().copied().filter(|&pi| fits[pi]).collect())
+        .collect();
     let mut remaining: Vec<bool> = vec![true; unplaced.len()];
     // Pods a group's new node would take but for pod (anti-)affinity or topology spread.
     let mut blocked: Vec<Vec<bool>> = vec![vec![false; unplaced.len()]; templates.len()];
@@ -907,29 +999,23 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
             let mut placed = Vec::new();
             let mut on_node = Vec::new();
             let mut requested = Resources::default();
-            for &pi in &order {
+            for &pi in &candidates[gi] {
                 let (p, qi) = (unplaced[pi], unplaced_q[pi]);
-                if !remaining[pi] || !fits_template[gi][pi] {
+                if !remaining[pi] {
                     continue;
                 }
-                let mut target = None;
-                let mut from = 0;
-                while let Some(j) = fit.first(from, &p.requests) {
+                let target = fit.first_where(&p.requests, |j| {
                     let (free, host) = &nodes[j];
-                    if free.fits(&p.requests)
-                        && topo.allows(
-                            qi,
-                            Place::New {
-                                group: gi,
-                                host: *host,
-                            },
-                        )
-                    {
-                        target = Some(j);
-                        break;
+                    let place = Place::New {
+                        group: gi,
+                        host: *host,
+                    };
+                    if free.fits(&p.requests) && topo.allows(qi, place) {
+                        Probe::Take
+                    } else {
+                        Probe::Skip
                     }
-                    from = j + 1;
-                }
+                });
                 let j = match target {
                     Some(j) => j,
                     None if (nodes.len() as u32) < room => {
@@ -1138,12 +1224,8 @@ fn cap_boots(cx: &Context<'_>, plan: &mut Plan<'_>) {
 /// (room elsewhere, budgets), count their unneeded time, and remove those past it.
 fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
     let (snap, now, s) = (cx.snap, cx.now, cx.s);
-    let (groups, node_by_name, machine_by_host, pods_on) = (
-        &cx.groups,
-        &cx.node_by_name,
-        &cx.machine_by_host,
-        &cx.pods_on,
-    );
+    let (groups, node_by_name, machine_by_host) =
+        (&cx.groups, &cx.node_by_name, &cx.machine_by_host);
     let Plan {
         actions,
         size,
@@ -1228,27 +1310,16 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
             needed.push(n);
             continue;
         }
-        let pods = pods_on
-            .get(n.name.as_str())
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let blocked = pods.iter().any(|p| {
-            !p.daemon()
-                && (p.safe_to_evict == Some(false)
-                    || p.controller_kind.is_none()
-                    || (p.local_storage && p.safe_to_evict != Some(true)))
-        });
-        let mut used = Resources::default();
-        let movable: Vec<&PodView> = pods.iter().filter(|p| !p.daemon()).copied().collect();
-        for p in &movable {
-            used.add(&p.requests);
-        }
-        let utilisation = share(used.cpu_milli, n.allocatable.cpu_milli)
-            .max(share(used.memory, n.allocatable.memory));
-        if blocked || utilisation >= s.scale_down_utilization_threshold {
+        let no_pods = NodeUsage::default();
+        let u = cx.usage(&n.name).unwrap_or(&no_pods);
+        let utilisation = share(u.movable.cpu_milli, n.allocatable.cpu_milli)
+            .max(share(u.movable.memory, n.allocatable.memory));
+        if u.pinned || utilisation >= s.scale_down_utilization_threshold {
             needed.push(n);
             continue;
         }
+        let pods = cx.pods_on(&n.name);
+        let movable: Vec<&PodView> = pods.iter().filter(|p| !p.daemon()).copied().collect();
         // A drain that failed here before, with the same pods under the same budgets, would
         // fail again: wait for something to change.
         if n.scale_down_failed.as_deref()
@@ -1396,6 +1467,7 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
 }
 
 mod first_fit;
+mod node_index;
 #[cfg(test)]
 mod tests;
 mod topology;

@@ -6,6 +6,17 @@
 
 use crate::scaler::resources::Resources;
 
+/// What [`FirstFit::first_where`] does with a place the tree offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Probe {
+    /// Take it: the search ends with this place.
+    Take,
+    /// It does not do: look further.
+    Skip,
+    /// No later place will do either: the search ends without one.
+    Stop,
+}
+
 /// Largest free CPU, memory and pods per branch; leaves past `len` hold `i64::MIN`.
 #[derive(Debug, Clone, Default)]
 pub(super) struct FirstFit {
@@ -71,6 +82,24 @@ impl FirstFit {
         self.descend(1, 0, self.width, from, need)
     }
 
+    /// The first place that may take `need` (as far as the tree knows) and that `probe`
+    /// takes, in place order; `probe` may skip a place or end the search.
+    pub(super) fn first_where(
+        &self,
+        need: &Resources,
+        mut probe: impl FnMut(usize) -> Probe,
+    ) -> Option<usize> {
+        let mut from = 0;
+        while let Some(i) = self.first(from, need) {
+            match probe(i) {
+                Probe::Take => return Some(i),
+                Probe::Skip => from = i + 1,
+                Probe::Stop => return None,
+            }
+        }
+        None
+    }
+
     fn descend(
         &self,
         at: usize,
@@ -124,5 +153,27 @@ mod tests {
         assert_eq!(t.first(0, &r(1000)), Some(4));
         assert_eq!(t.first(5, &r(1)), None);
         assert_eq!(FirstFit::default().first(0, &r(1)), None);
+    }
+
+    #[test]
+    fn first_where_skips_and_stops_as_the_probe_says() {
+        let mut t = FirstFit::default();
+        for cpu in [100, 500, 300, 900] {
+            t.push(&r(cpu));
+        }
+        let mut seen = Vec::new();
+        let skip_odd = t.first_where(&r(200), |i| {
+            seen.push(i);
+            if i % 2 == 1 { Probe::Skip } else { Probe::Take }
+        });
+        // Place 0 is too small for the tree; 1 is skipped, 2 taken.
+        assert_eq!((skip_odd, seen), (Some(2), vec![1, 2]));
+        assert_eq!(t.first_where(&r(200), |_| Probe::Skip), None);
+        assert_eq!(
+            t.first_where(&r(200), |i| if i < 3 { Probe::Skip } else { Probe::Take }),
+            Some(3)
+        );
+        assert_eq!(t.first_where(&r(200), |_| Probe::Stop), None);
+        assert_eq!(t.first_where(&r(1000), |_| Probe::Take), None);
     }
 }

@@ -13,6 +13,9 @@
 //! A new node is its own `kubernetes.io/hostname` domain and takes every other domain from its
 //! group's template labels (zone, region). A group's trial expansion is undone through a journal
 //! ([`Topology::mark`], [`Topology::rollback`]) so the expander compares groups on the same state.
+//! A new node becomes a domain of the spreads its group is eligible for; which of them it may add
+//! a domain to is worked out once per group (a zone the existing nodes have is already one), so
+//! placing a pod does not look at every spread of the pass.
 //!
 //! Simplified: an affinity term is satisfied by counting pods that match that term alone (the
 //! scheduler wants one pod matching all the pod's terms); `namespaceSelector` counts every
@@ -149,8 +152,6 @@ pub(super) struct Topology {
     next: Vec<u32>,
     /// Per bin, its domain per key.
     bin_domains: Vec<Vec<Option<u32>>>,
-    /// Per bin, the group of a registering machine.
-    bin_template: Vec<Option<usize>>,
     /// Per group, a new node's domain per key (the hostname key's is per node).
     group_domains: Vec<Vec<Option<u32>>>,
     counters: Vec<Counter>,
@@ -158,6 +159,11 @@ pub(super) struct Topology {
     spreads: Vec<Spread>,
     /// Per counter, the spreads over it.
     spreads_of: Vec<Vec<usize>>,
+    /// Per group, the spreads to which a new node of it may add its domain: those it is
+    /// eligible for, but for the domains the existing nodes already made eligible (they stay).
+    group_fresh: Vec<Vec<usize>>,
+    /// The same per bin, for the bins of registering machines (empty for a node's).
+    bin_fresh: Vec<Vec<usize>>,
     /// Per pending pod.
     needs: Vec<Needs>,
     journal: Vec<Undo>,
@@ -178,11 +184,15 @@ fn intern<T: PartialEq + Eq + std::hash::Hash + Clone>(
 }
 
 impl Topology {
-    /// Indexes the constraints of `pending` against the running pods (`pods_on`, by node) of
-    /// `nodes`, the packing's bins and the groups' template labels.
+    /// Indexes the constraints of `pending` against the pods bound to `nodes` (`node_of`: each
+    /// pod's node index, `None` when unbound), the packing's bins and the groups' template
+    /// labels. The pods are read in their order, once for the anti-affinity they carry and once
+    /// for the counters that count them: at 150,000 pods, walking them node by node cost more
+    /// in cache misses than the matching itself.
     pub(super) fn new<'p>(
         nodes: &[NodeView],
-        pods_on: &HashMap<&str, Vec<&'p PodView>>,
+        pods: &'p [PodView],
+        node_of: &[Option<usize>],
         bins: &[BinSite<'_>],
         templates: &[&BTreeMap<String, String>],
         pending: &[&'p PodView],
@@ -192,12 +202,13 @@ impl Topology {
             values: vec![HashMap::new()],
             next: vec![0],
             bin_domains: Vec::new(),
-            bin_template: bins.iter().map(|b| b.machine_of).collect(),
             group_domains: Vec::new(),
             counters: Vec::new(),
             carriers: Vec::new(),
             spreads: Vec::new(),
             spreads_of: Vec::new(),
+            group_fresh: Vec::new(),
+            bin_fresh: Vec::new(),
             needs: vec![Needs::default(); pending.len()],
             journal: Vec::new(),
         };
@@ -215,6 +226,9 @@ impl Topology {
         let mut spread_ignore: Vec<bool> = Vec::new();
 
         let mut key_of = |t: &mut Self, k: &str| -> usize {
+            if let Some(&i) = key_index.get(k) {
+                return i;
+            }
             intern(&mut key_index, k.to_string(), |k| {
                 t.keys.push(k);
                 t.values.push(HashMap::new());
@@ -315,18 +329,21 @@ impl Topology {
             }
             t.needs[qi] = needs;
         }
-        let mut running_carriers: Vec<(&str, usize)> = Vec::new();
-        for n in nodes {
-            for p in pods_on.get(n.name.as_str()).into_iter().flatten() {
-                for term in p.constraints.iter().flat_map(|c| &c.anti_affinity) {
-                    let key = key_of(&mut t, &term.topology_key);
-                    let m = Matcher {
-                        namespaces: term.namespaces.clone(),
-                        selector: term.selector.clone(),
-                    };
-                    let ci = counter(&mut t, &mut carrier_index, true, m, key);
-                    running_carriers.push((n.name.as_str(), ci));
-                }
+        let running = || {
+            pods.iter()
+                .zip(node_of)
+                .filter_map(|(p, &ni)| Some((ni.filter(|&ni| ni < nodes.len())?, p)))
+        };
+        let mut running_carriers: Vec<(usize, usize)> = Vec::new();
+        for (ni, p) in running() {
+            for term in p.constraints.iter().flat_map(|c| &c.anti_affinity) {
+                let key = key_of(&mut t, &term.topology_key);
+                let m = Matcher {
+                    namespaces: term.namespaces.clone(),
+                    selector: term.selector.clone(),
+                };
+                let ci = counter(&mut t, &mut carrier_index, true, m, key);
+                running_carriers.push((ni, ci));
             }
         }
         if t.counters.is_empty() && t.carriers.is_empty() {
@@ -334,10 +351,10 @@ impl Topology {
         }
 
         // Domains: every node's, then the bins', then a new node's per group.
-        let mut node_domains: HashMap<&str, Vec<Option<u32>>> = HashMap::new();
+        let mut node_domains: Vec<Vec<Option<u32>>> = Vec::with_capacity(nodes.len());
         for n in nodes {
             let d = t.domains_of(&n.labels, None);
-            node_domains.insert(n.name.as_str(), d);
+            node_domains.push(d);
         }
         for b in bins {
             let d = match b.machine_of {
@@ -358,64 +375,54 @@ impl Topology {
         // workload share namespace and labels: match them once.
         /// The counters that count a pod, and the carriers whose anti-affinity selects it.
         type Matches = (Vec<usize>, Vec<usize>);
-        let mut by_labels: HashMap<(&str, &BTreeMap<String, String>), Matches> = HashMap::new();
+        let mut by_labels: HashMap<(&str, &BTreeMap<String, String>), usize> = HashMap::new();
+        let mut sets: Vec<Matches> = Vec::new();
         let (counters, carriers) = (&t.counters, &t.carriers);
-        let mut matches = |p: &'p PodView| -> (Vec<usize>, Vec<usize>) {
+        let mut matches = |p: &'p PodView| -> usize {
             let of = |list: &[Counter]| -> Vec<usize> {
                 (0..list.len())
                     .filter(|&i| list[i].matcher.selects(p))
                     .collect()
             };
-            by_labels
+            *by_labels
                 .entry((p.namespace.as_str(), &p.labels))
-                .or_insert_with(|| (of(counters), of(carriers)))
-                .clone()
+                .or_insert_with(|| {
+                    sets.push((of(counters), of(carriers)));
+                    sets.len() - 1
+                })
         };
-        let mut running: Vec<(&str, Vec<usize>)> = Vec::new();
-        for n in nodes {
-            for p in pods_on.get(n.name.as_str()).into_iter().flatten() {
-                let (by, _) = matches(p);
-                if !by.is_empty() {
-                    running.push((n.name.as_str(), by));
-                }
-            }
-        }
-        let pending_matches: Vec<(Vec<usize>, Vec<usize>)> =
-            pending.iter().map(|p| matches(p)).collect();
-        for (name, by) in running {
-            let Some(d) = node_domains.get(name) else {
-                continue;
-            };
-            for ci in by {
+        let running: Vec<(usize, usize)> = running().map(|(ni, p)| (ni, matches(p))).collect();
+        let pending_matches: Vec<usize> = pending.iter().map(|p| matches(p)).collect();
+        for (ni, m) in running {
+            for &ci in &sets[m].0 {
                 let c = &mut t.counters[ci];
-                if let Some(d) = d[c.key] {
+                if let Some(d) = node_domains[ni][c.key] {
                     bump(c, d);
                 }
             }
         }
-        for (name, ci) in running_carriers {
-            let Some(d) = node_domains.get(name) else {
-                continue;
-            };
+        for (ni, ci) in running_carriers {
             let c = &mut t.carriers[ci];
-            if let Some(d) = d[c.key] {
+            if let Some(d) = node_domains[ni][c.key] {
                 bump(c, d);
             }
         }
-        for (needs, (counted_by, hit_by)) in t.needs.iter_mut().zip(pending_matches) {
-            needs.counted_by = counted_by;
-            needs.hit_by = hit_by;
+        for (needs, m) in t.needs.iter_mut().zip(pending_matches) {
+            (needs.counted_by, needs.hit_by) = sets[m].clone();
         }
 
         // Spread: the eligible domains of the existing nodes, and whether each group's new
         // nodes are eligible.
         for (si, p) in spread_pod.iter().enumerate() {
             let key = t.counters[t.spreads[si].counter].key;
-            for n in nodes {
-                let Some(d) = node_domains.get(n.name.as_str()).and_then(|d| d[key]) else {
+            // Without a node selector or affinity every node is eligible.
+            let any =
+                spread_ignore[si] || (p.node_selector.is_empty() && p.affinity_terms.is_empty());
+            for (n, domains) in nodes.iter().zip(&node_domains) {
+                let Some(d) = domains[key] else {
                     continue;
                 };
-                if spread_ignore[si] || selects(p, &n.labels, &n.name) {
+                if any || selects(p, &n.labels, &n.name) {
                     let s = &mut t.spreads[si];
                     if !s.eligible.get(d as usize).copied().unwrap_or(false) {
                         set_flag(&mut s.eligible, d, true);
@@ -428,6 +435,17 @@ impl Topology {
                 .map(|labels| spread_ignore[si] || selects(p, labels, ""))
                 .collect();
         }
+        t.group_fresh = (0..templates.len())
+            .map(|g| t.fresh_spreads(g, &t.group_domains[g]))
+            .collect();
+        t.bin_fresh = bins
+            .iter()
+            .zip(&t.bin_domains)
+            .map(|(b, domains)| match b.machine_of {
+                Some(g) => t.fresh_spreads(g, domains),
+                None => Vec::new(),
+            })
+            .collect();
         t
     }
 
@@ -443,11 +461,30 @@ impl Topology {
                     return host;
                 }
                 let v = labels.get(&self.keys[k])?;
-                let next = &mut self.next[k];
-                Some(*self.values[k].entry(v.clone()).or_insert_with(|| {
-                    *next += 1;
-                    *next - 1
-                }))
+                if let Some(&d) = self.values[k].get(v) {
+                    return Some(d);
+                }
+                self.next[k] += 1;
+                self.values[k].insert(v.clone(), self.next[k] - 1);
+                Some(self.next[k] - 1)
+            })
+            .collect()
+    }
+
+    /// The spreads a place of group `g`'s template with these domains may add a domain to:
+    /// those it is eligible for, where the place has a domain (a new node's hostname domain is
+    /// its own) that the existing nodes did not already make eligible. Computed once the
+    /// existing nodes' domains are in; a domain eligible then stays eligible.
+    fn fresh_spreads(&self, g: usize, domains: &[Option<u32>]) -> Vec<usize> {
+        (0..self.spreads.len())
+            .filter(|&si| {
+                let s = &self.spreads[si];
+                let key = self.counters[s.counter].key;
+                s.group_eligible.get(g).copied().unwrap_or(false)
+                    && match domains.get(key).copied().flatten() {
+                        Some(d) => !s.eligible.get(d as usize).copied().unwrap_or(false),
+                        None => key == 0,
+                    }
             })
             .collect()
     }
@@ -471,11 +508,12 @@ impl Topology {
         }
     }
 
-    /// The group whose template a place has, for a place that is not a node yet.
-    fn template_group(&self, place: Place) -> Option<usize> {
+    /// The spreads to which a pod placed at `place` may add the place's domain: see
+    /// [`fresh_spreads`](Self::fresh_spreads). `None` for a bin past the index.
+    fn fresh_mut(&mut self, place: Place) -> Option<&mut Vec<usize>> {
         match place {
-            Place::Bin(i) => self.bin_template.get(i).copied().flatten(),
-            Place::New { group, .. } => Some(group),
+            Place::Bin(i) => self.bin_fresh.get_mut(i),
+            Place::New { group, .. } => self.group_fresh.get_mut(group),
         }
     }
 
@@ -557,27 +595,26 @@ impl Topology {
         // Taken out and put back, so placing does not allocate.
         let counted_by = std::mem::take(&mut self.needs[qi].counted_by);
         let carries = std::mem::take(&mut self.needs[qi].carries);
-        if let Some(g) = self.template_group(place) {
-            // A node that is not there yet becomes a domain of the spreads it is eligible for.
-            for si in 0..self.spreads.len() {
-                let s = &self.spreads[si];
-                if !s.group_eligible.get(g).copied().unwrap_or(false) {
-                    continue;
-                }
-                let key = self.counters[s.counter].key;
-                let Some(d) = self.domain(key, place) else {
-                    continue;
-                };
-                if s.eligible.get(d as usize).copied().unwrap_or(false) {
-                    continue;
-                }
-                let count = self.counters[s.counter].at(d);
-                let s = &mut self.spreads[si];
-                set_flag(&mut s.eligible, d, true);
-                s.domains.push(d);
-                s.min = s.min.map(|m| m.min(count));
-                self.journal.push(Undo::Eligible { spread: si });
+        let fresh = self
+            .fresh_mut(place)
+            .map(std::mem::take)
+            .unwrap_or_default();
+        // A node that is not there yet becomes a domain of the spreads it is eligible for.
+        for &si in &fresh {
+            let s = &self.spreads[si];
+            let key = self.counters[s.counter].key;
+            let Some(d) = self.domain(key, place) else {
+                continue;
+            };
+            if s.eligible.get(d as usize).copied().unwrap_or(false) {
+                continue;
             }
+            let count = self.counters[s.counter].at(d);
+            let s = &mut self.spreads[si];
+            set_flag(&mut s.eligible, d, true);
+            s.domains.push(d);
+            s.min = s.min.map(|m| m.min(count));
+            self.journal.push(Undo::Eligible { spread: si });
         }
         for &ci in &counted_by {
             let Some(d) = self.domain(self.counters[ci].key, place) else {
@@ -610,6 +647,9 @@ impl Topology {
         }
         self.needs[qi].counted_by = counted_by;
         self.needs[qi].carries = carries;
+        if let Some(list) = self.fresh_mut(place) {
+            *list = fresh;
+        }
     }
 
     /// Where [`rollback`](Self::rollback) returns to.
@@ -671,4 +711,138 @@ fn set_flag(flags: &mut Vec<bool>, d: u32, v: bool) {
         flags.resize(i + 1, false);
     }
     flags[i] = v;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::scaler::model::{PodConstraints, SpreadView};
+    use crate::scaler::resources::Resources;
+
+    const ZONE: &str = "topology.kubernetes.io/zone";
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn node(name: &str, zone: &str) -> NodeView {
+        NodeView {
+            name: name.into(),
+            labels: labels(&[(HOSTNAME, name), (ZONE, zone), ("pool", "x")]),
+            taints: Vec::new(),
+            unschedulable: false,
+            scale_down_in_progress: false,
+            ready: true,
+            ready_transition: None,
+            allocatable: Resources::default(),
+            created: None,
+            unneeded_since: None,
+            scale_down_disabled: false,
+            not_ready_in_time: false,
+            scale_down_failed: None,
+        }
+    }
+
+    /// A pending `app=web` pod spread over zones and hosts, on `pool=x` nodes only.
+    fn spread_pod() -> PodView {
+        let spread = |key: &str| SpreadView {
+            max_skew: 1,
+            topology_key: key.into(),
+            selector: Some(SelectorView {
+                labels: labels(&[("app", "web")]),
+                expressions: Vec::new(),
+            }),
+            min_domains: 1,
+            ignore_node_affinity: false,
+        };
+        PodView {
+            namespace: "default".into(),
+            name: "web".into(),
+            uid: "web".into(),
+            labels: labels(&[("app", "web")]),
+            node: None,
+            requests: Resources::default(),
+            node_selector: labels(&[("pool", "x")]),
+            affinity_terms: Vec::new(),
+            tolerations: Vec::new(),
+            constraints: Some(Box::new(PodConstraints {
+                spread: vec![spread(ZONE), spread(HOSTNAME)],
+                ..PodConstraints::default()
+            })),
+            unschedulable: true,
+            controller_kind: None,
+            mirror: false,
+            safe_to_evict: None,
+            local_storage: false,
+        }
+    }
+
+    fn eligible(t: &Topology) -> Vec<BTreeSet<u32>> {
+        t.spreads
+            .iter()
+            .map(|s| s.domains.iter().copied().collect())
+            .collect()
+    }
+
+    /// Placing only looks at the spreads a place may add a domain to ([`Topology::fresh_spreads`]);
+    /// the eligible domains must still be what looking at every spread gives: each spread the
+    /// place's group is eligible for gains the place's domain.
+    #[test]
+    fn placing_adds_the_domains_looking_at_every_spread_would() {
+        let nodes = vec![node("n1", "a"), node("n2", "b")];
+        let pods = [spread_pod()];
+        let pending: Vec<&PodView> = pods.iter().collect();
+        // Groups: 0 in an existing zone, 1 in a new zone, 2 not eligible (pool y).
+        let templates = [
+            labels(&[(ZONE, "a"), ("pool", "x")]),
+            labels(&[(ZONE, "c"), ("pool", "x")]),
+            labels(&[(ZONE, "d"), ("pool", "y")]),
+        ];
+        let template_refs: Vec<&BTreeMap<String, String>> = templates.iter().collect();
+        // Bins: node n1, then a registering machine of each group.
+        let bins: Vec<BinSite<'_>> = std::iter::once(BinSite {
+            labels: &nodes[0].labels,
+            machine_of: None,
+        })
+        .chain(templates.iter().enumerate().map(|(g, labels)| BinSite {
+            labels,
+            machine_of: Some(g),
+        }))
+        .collect();
+        let mut t = Topology::new(&nodes, &[], &[], &bins, &template_refs, &pending);
+        assert_eq!(t.spreads.len(), 2);
+        let mark = t.mark();
+        let initial = eligible(&t);
+        let mut places = vec![Place::Bin(0), Place::Bin(1), Place::Bin(2), Place::Bin(3)];
+        for g in [0, 1, 2, 1, 0] {
+            let host = t.take_host();
+            places.push(Place::New { group: g, host });
+        }
+        for place in places {
+            let mut want = eligible(&t);
+            let group = match place {
+                Place::Bin(i) => bins[i].machine_of,
+                Place::New { group, .. } => Some(group),
+            };
+            if let Some(g) = group {
+                for (si, s) in t.spreads.iter().enumerate() {
+                    let key = t.counters[s.counter].key;
+                    if s.group_eligible[g]
+                        && let Some(d) = t.domain(key, place)
+                    {
+                        want[si].insert(d);
+                    }
+                }
+            }
+            t.place(0, place);
+            assert_eq!(eligible(&t), want, "after placing at {place:?}");
+        }
+        t.rollback(&mark);
+        assert_eq!(eligible(&t), initial);
+    }
 }
