@@ -6,6 +6,7 @@ use std::time::Duration;
 use kube_emulator::{
     Emulator, EmulatorHandle, EmulatorOptions, EvictionOutcome, FaultRule, PodSeed,
 };
+use logind_harness::{LogindHarness, Options};
 use nodeward::config::{OnDeadline, Settings, Wave};
 use nodeward::drain::plan::RefuseReason;
 use nodeward::drain::step::Refusal;
@@ -581,27 +582,29 @@ async fn nothing_to_evict_publishes_no_empty_events() {
     );
 }
 
+/// The real logind on a private bus with its systemd mock (python-dbusmock), which the drain
+/// unit asks whether the machine is shutting down.
+async fn systemd_bus() -> LogindHarness {
+    LogindHarness::start(Options::default())
+        .await
+        .unwrap_or_else(|e| {
+            panic!("cannot start the logind harness (its systemd mock answers the drain unit): {e}")
+        })
+}
+
 /// Runs `nodeward drain` as nodeward-drain.service's ExecStop while systemd shuts the machine
-/// down: a stand-in `systemctl` first on PATH answers `is-system-running` with "stopping" and
-/// lists `target` being started, as systemd's job queue does during a shutdown.
+/// down: the harness's systemd mock answers `SystemState` with "stopping" and lists `target`
+/// being started, as PID 1 does on the system bus during a shutdown.
 async fn unit_stop(
     emu: &EmulatorHandle,
+    bus: &LogindHarness,
     dir: &std::path::Path,
     target: &str,
     toml: &str,
 ) -> String {
-    use std::os::unix::fs::PermissionsExt;
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).expect("bin");
-    let systemctl = bin.join("systemctl");
-    std::fs::write(
-        &systemctl,
-        format!(
-            "#!/bin/sh\ncase \"$1\" in\n  is-system-running) echo stopping ;;\n  list-jobs) echo '1 {target} start waiting'; echo '2 nodeward-drain.service stop running' ;;\nesac\n"
-        ),
-    )
-    .expect("systemctl");
-    std::fs::set_permissions(&systemctl, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    bus.systemd_stopping_for(target)
+        .await
+        .expect("systemd mock: stopping");
     let config = dir.join("config.toml");
     std::fs::write(
         &config,
@@ -611,18 +614,13 @@ async fn unit_stop(
         ),
     )
     .expect("config");
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     // Async: the emulator serves from this test's runtime.
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
         .args(["drain", NODE, "--config"])
         .arg(&config)
         .arg("--kubeconfig")
         .arg(emu.kubeconfig_path())
-        .env("PATH", path)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", bus.bus_address())
         .env("RUST_LOG", "info")
         .output()
         .await
@@ -651,14 +649,16 @@ async fn the_drain_unit_applies_the_shutdown_policy() {
         emu.seed_pod(web(&format!("web-{i}"))).expect("pod");
     }
     let dir = tempfile::tempdir().expect("tempdir");
+    let bus = systemd_bus().await;
     let policy = "[shutdown]\non_reboot = \"cordon\"\non_poweroff = \"nothing\"\n";
-    let out = unit_stop(&emu, dir.path(), "poweroff.target", policy).await;
+    let out = unit_stop(&emu, &bus, dir.path(), "poweroff.target", policy).await;
     assert!(!cordoned(&emu), "policy nothing\n{out}");
-    let out = unit_stop(&emu, dir.path(), "reboot.target", policy).await;
+    let out = unit_stop(&emu, &bus, dir.path(), "reboot.target", policy).await;
     assert!(cordoned(&emu), "policy cordon\n{out}");
     assert_eq!(pods_on(&emu, NODE).len(), 3, "nothing evicted\n{out}");
-    let out = unit_stop(&emu, dir.path(), "reboot.target", "").await;
+    let out = unit_stop(&emu, &bus, dir.path(), "reboot.target", "").await;
     assert!(pods_on(&emu, NODE).is_empty(), "the default drains\n{out}");
+    bus.shutdown().await;
 }
 
 /// After the agent's own shutdown drain (here: it gave up at its deadline with pods left), the
@@ -680,11 +680,13 @@ async fn the_drain_unit_does_nothing_after_the_agents_drain() {
             "left_behind": ["default/web-0", "default/web-1"], "refused": [], "elapsed_ms": 25000}
     });
     std::fs::write(dir.path().join("status.json"), status.to_string()).expect("status");
-    let out = unit_stop(&emu, dir.path(), "poweroff.target", "").await;
+    let bus = systemd_bus().await;
+    let out = unit_stop(&emu, &bus, dir.path(), "poweroff.target", "").await;
     assert!(out.contains("already handled this shutdown"), "{out}");
     assert_eq!(pods_on(&emu, NODE).len(), 2, "no second drain\n{out}");
     assert!(!cordoned(&emu), "{out}");
     assert!(event_reasons(&emu).is_empty(), "{:?}", event_reasons(&emu));
+    bus.shutdown().await;
 }
 
 /// An API server that accepts connections and never answers (stopped, or a black hole on the

@@ -439,6 +439,31 @@ impl LogindHarness {
             .map_err(Error::dbus("Reboot"))
     }
 
+    /// Makes the systemd mock answer as PID 1 does while it shuts the machine down for `target`
+    /// (`poweroff.target`, `reboot.target`, …): `SystemState` is "stopping" and `ListJobs` lists
+    /// a start job for `target` and a stop job for nodeward-drain.service. What
+    /// nodeward-drain.service's ExecStop asks; logind itself is not involved.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] in dbusmock mode (there is no systemd mock), or [`Error::DBus`].
+    pub async fn systemd_stopping_for(&self, target: &str) -> Result<()> {
+        let mock = self.systemd_mock("systemd_stopping_for").await?;
+        mock.update_properties(
+            SYSTEMD1_MANAGER,
+            HashMap::from([("SystemState", Value::from("stopping"))]),
+        )
+        .await
+        .map_err(Error::dbus("UpdateProperties(SystemState)"))?;
+        let code = render::list_jobs_code(&[
+            (target, "start", "waiting"),
+            ("nodeward-drain.service", "stop", "running"),
+        ]);
+        mock.add_method(SYSTEMD1_MANAGER, "ListJobs", "", "a(usssoo)", &code)
+            .await
+            .map_err(Error::dbus("AddMethod(ListJobs)"))
+    }
+
     /// Units the systemd mock was asked to start, oldest first.
     ///
     /// # Errors
@@ -746,6 +771,20 @@ impl LogindHarness {
                 .await
                 .map_err(Error::dbus(format!("AddObject for {unit}")))?;
         }
+        // PID 1 answers these for anyone; a running system with an empty job queue until a
+        // test says otherwise (systemd_stopping_for).
+        mock.add_property(SYSTEMD1_MANAGER, "SystemState", &Value::from("running"))
+            .await
+            .map_err(Error::dbus("AddProperty(SystemState)"))?;
+        mock.add_method(
+            SYSTEMD1_MANAGER,
+            "ListJobs",
+            "",
+            "a(usssoo)",
+            &render::list_jobs_code(&[]),
+        )
+        .await
+        .map_err(Error::dbus("AddMethod(ListJobs)"))?;
         mock.add_method(
             SYSTEMD1_MANAGER,
             "StartUnit",

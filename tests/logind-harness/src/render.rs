@@ -118,6 +118,22 @@ mount --bind "$LOGIND_HARNESS_ETC_SYSTEMD_DIR" /etc/systemd
 exec "$LOGIND_HARNESS_LOGIND"
 "#;
 
+/// dbusmock code for systemd's `ListJobs` (`a(usssoo)`: id, unit, job type, state, job path,
+/// unit path) answering `jobs`, given as (unit, job type, state).
+pub(crate) fn list_jobs_code(jobs: &[(&str, &str, &str)]) -> String {
+    let mut code = String::from("ret = [");
+    for (i, (unit, job_type, state)) in jobs.iter().enumerate() {
+        let _ = write!(
+            code,
+            "(dbus.UInt32({id}), '{unit}', '{job_type}', '{state}', dbus.ObjectPath('/org/freedesktop/systemd1/job/{id}'), dbus.ObjectPath('{path}')), ",
+            id = i + 1,
+            path = unit_object_path(unit),
+        );
+    }
+    code.push(']');
+    code
+}
+
 /// Object path systemd gives a unit: `bus_label_escape()` turns every byte outside `[A-Za-z0-9]`
 /// (and a leading digit) into `_xx`, lowercase hex. logind computes this path itself and reads
 /// `LoadState` there, whereas dbusmock's `AddMockUnit` only replaces `.` and `-` with `_`, so the
