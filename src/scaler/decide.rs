@@ -35,6 +35,7 @@ use super::resources::Resources;
 use crate::config::{Expander, GroupSettings, ScalerSettings};
 use crate::names::NODE_GROUP_LABEL;
 use first_fit::{FirstFit, Probe};
+use node_index::NodeIndex;
 use topology::{BinSite, HOSTNAME, Place, Topology};
 
 /// Why a group grows.
@@ -572,12 +573,15 @@ struct Context<'a> {
     node_by_name: HashMap<&'a str, &'a NodeView>,
     machine_by_host: HashMap<&'a str, &'a MachineView>,
     /// Each node's index in `snap.nodes`, by name.
-    node_index: HashMap<&'a str, usize>,
+    node_index: NodeIndex<'a>,
     /// Per pod of `snap.pods`, the index of the node it is bound to (`None`: unbound, or its
     /// node is not listed).
     node_of: Vec<Option<usize>>,
-    /// Per node index, its pods.
-    pods_on: Vec<Vec<&'a PodView>>,
+    /// The bound pods grouped by node index, in snapshot order within a node: node `i`'s are
+    /// `bound[pods_from[i]..pods_from[i + 1]]`. One list sized once, not a list per node grown
+    /// pod by pod.
+    bound: Vec<&'a PodView>,
+    pods_from: Vec<usize>,
     /// Per node index, what they take.
     usage: Vec<NodeUsage>,
     /// The pods the scheduler found no node for, in snapshot order.
@@ -588,15 +592,11 @@ struct Context<'a> {
 
 impl<'a> Context<'a> {
     fn new(snap: &'a Snapshot, now: Timestamp, s: &'a ScalerSettings) -> Self {
-        let node_index: HashMap<&str, usize> = snap
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.name.as_str(), i))
-            .collect();
+        let node_index = NodeIndex::new(snap.nodes.iter().map(|n| n.name.as_str()));
         // One pass over the pods, in their order (the pods are most of the snapshot).
         let mut node_of = Vec::with_capacity(snap.pods.len());
-        let mut pods_on: Vec<Vec<&PodView>> = vec![Vec::new(); snap.nodes.len()];
+        // Per node, how many pods it has; then where its pods start in `bound`.
+        let mut pods_from: Vec<usize> = vec![0; snap.nodes.len() + 1];
         let mut usage: Vec<NodeUsage> = std::iter::repeat_with(NodeUsage::default)
             .take(snap.nodes.len())
             .collect();
@@ -605,10 +605,10 @@ impl<'a> Context<'a> {
             if p.unschedulable {
                 unschedulable.push(p);
             }
-            let ni = p.node.as_deref().and_then(|n| node_index.get(n).copied());
+            let ni = p.node.as_deref().and_then(|n| node_index.get(n));
             node_of.push(ni);
             let Some(ni) = ni else { continue };
-            pods_on[ni].push(p);
+            pods_from[ni + 1] += 1;
             let u = &mut usage[ni];
             u.requested.add(&p.requests);
             if !p.daemon() {
@@ -619,6 +619,21 @@ impl<'a> Context<'a> {
                     || (p.local_storage && p.safe_to_evict != Some(true));
             }
         }
+        let mut sum = 0;
+        for n in &mut pods_from {
+            sum += *n;
+            *n = sum;
+        }
+        // Filled from `node_of` alone: the pods themselves are not read again.
+        let mut next = pods_from.clone();
+        let mut slots: Vec<Option<&PodView>> = vec![None; pods_from[snap.nodes.len()]];
+        for (p, ni) in snap.pods.iter().zip(&node_of) {
+            if let Some(&ni) = ni.as_ref() {
+                slots[next[ni]] = Some(p);
+                next[ni] += 1;
+            }
+        }
+        let bound: Vec<&PodView> = slots.into_iter().flatten().collect();
         let mut cx = Self {
             snap,
             now,
@@ -637,7 +652,8 @@ impl<'a> Context<'a> {
                 .collect(),
             node_index,
             node_of,
-            pods_on,
+            bound,
+            pods_from,
             usage,
             unschedulable,
             templates: Vec::new(),
@@ -650,12 +666,13 @@ impl<'a> Context<'a> {
     fn pods_on(&self, n: &str) -> &[&'a PodView] {
         self.node_index
             .get(n)
-            .map_or(&[][..], |&i| self.pods_on[i].as_slice())
+            .and_then(|i| self.bound.get(self.pods_from[i]..self.pods_from[i + 1]))
+            .unwrap_or_default()
     }
 
     /// What the pods bound to the node named `n` take.
     fn usage(&self, n: &str) -> Option<&NodeUsage> {
-        self.node_index.get(n).map(|&i| &self.usage[i])
+        self.node_index.get(n).map(|i| &self.usage[i])
     }
 
     /// Holds no pods but DaemonSet and mirror pods.
@@ -1450,6 +1467,7 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
 }
 
 mod first_fit;
+mod node_index;
 #[cfg(test)]
 mod tests;
 mod topology;
