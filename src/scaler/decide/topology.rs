@@ -186,13 +186,16 @@ fn intern<T: PartialEq + Eq + std::hash::Hash + Clone>(
 impl Topology {
     /// Indexes the constraints of `pending` against the pods bound to `nodes` (`node_of`: each
     /// pod's node index, `None` when unbound), the packing's bins and the groups' template
-    /// labels. The pods are read in their order, once for the anti-affinity they carry and once
-    /// for the counters that count them: at 150,000 pods, walking them node by node cost more
-    /// in cache misses than the matching itself.
+    /// labels. `carrying` lists, in order, the pods (by index in `pods`) that carry pod
+    /// anti-affinity, found when the caller read the pods: a pass over 150,000 pods for the few
+    /// that have any cost a cache miss per pod. The pods are read once more, in their order, for
+    /// the counters that count them: walking them node by node cost more in cache misses than
+    /// the matching itself.
     pub(super) fn new<'p>(
         nodes: &[NodeView],
         pods: &'p [PodView],
         node_of: &[Option<usize>],
+        carrying: &[usize],
         bins: &[BinSite<'_>],
         templates: &[&BTreeMap<String, String>],
         pending: &[&'p PodView],
@@ -335,7 +338,11 @@ impl Topology {
                 .filter_map(|(p, &ni)| Some((ni.filter(|&ni| ni < nodes.len())?, p)))
         };
         let mut running_carriers: Vec<(usize, usize)> = Vec::new();
-        for (ni, p) in running() {
+        let carrying = carrying.iter().filter_map(|&i| {
+            let ni = node_of.get(i).copied().flatten()?;
+            Some((ni, pods.get(i)?)).filter(|_| ni < nodes.len())
+        });
+        for (ni, p) in carrying {
             for term in p.constraints.iter().flat_map(|c| &c.anti_affinity) {
                 let key = key_of(&mut t, &term.topology_key);
                 let m = Matcher {
@@ -931,7 +938,7 @@ mod tests {
             machine_of: Some(g),
         }))
         .collect();
-        let mut t = Topology::new(&nodes, &[], &[], &bins, &template_refs, &pending);
+        let mut t = Topology::new(&nodes, &[], &[], &[], &bins, &template_refs, &pending);
         assert_eq!(t.spreads.len(), 2);
         let mark = t.mark();
         let initial = eligible(&t);
