@@ -586,6 +586,8 @@ struct Context<'a> {
     usage: Vec<NodeUsage>,
     /// The pods the scheduler found no node for, in snapshot order.
     unschedulable: Vec<&'a PodView>,
+    /// The pods that carry pod anti-affinity, by index in `snap.pods`, in snapshot order.
+    carrying: Vec<usize>,
     /// What one new node of each group looks like.
     templates: Vec<Template>,
 }
@@ -601,9 +603,16 @@ impl<'a> Context<'a> {
             .take(snap.nodes.len())
             .collect();
         let mut unschedulable = Vec::new();
-        for p in &snap.pods {
+        let mut carrying = Vec::new();
+        for (i, p) in snap.pods.iter().enumerate() {
             if p.unschedulable {
                 unschedulable.push(p);
+            }
+            if p.constraints
+                .as_ref()
+                .is_some_and(|c| !c.anti_affinity.is_empty())
+            {
+                carrying.push(i);
             }
             let ni = p.node.as_deref().and_then(|n| node_index.get(n));
             node_of.push(ni);
@@ -656,6 +665,7 @@ impl<'a> Context<'a> {
             pods_from,
             usage,
             unschedulable,
+            carrying,
             templates: Vec::new(),
         };
         cx.templates = s.groups.iter().map(|g| template(g, &cx)).collect();
@@ -906,6 +916,7 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
         &snap.nodes,
         &snap.pods,
         &cx.node_of,
+        &cx.carrying,
         &sites,
         &template_labels,
         &pending,
@@ -955,18 +966,15 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
     }
     let unplaced: Vec<&PodView> = unplaced_q.iter().map(|&qi| pending[qi]).collect();
 
-    // Which pods each group's template can ever take (selector, affinity, taints, size).
-    let fits_template: Vec<Vec<bool>> = templates
-        .iter()
-        .map(|t| {
-            unplaced
-                .iter()
-                .map(|p| {
-                    t.free.fits(&p.requests) && selects(p, &t.labels, "") && tolerates(p, &t.taints)
-                })
-                .collect()
-        })
-        .collect();
+    // Which pods each group's template can ever take (selector, affinity, taints, size); pod by
+    // pod, so each pod is read once for all the groups.
+    let mut fits_template: Vec<Vec<bool>> = vec![vec![false; unplaced.len()]; templates.len()];
+    for (pi, p) in unplaced.iter().enumerate() {
+        for (t, fits) in templates.iter().zip(fits_template.iter_mut()) {
+            fits[pi] =
+                t.free.fits(&p.requests) && selects(p, &t.labels, "") && tolerates(p, &t.taints);
+        }
+    }
     // Pods that fewer groups can take are packed first, so a group does not fill up with pods
     // that could have gone elsewhere and strand the ones that could not (then by size, FFD).
     let mut order: Vec<usize> = (0..unplaced.len()).collect();
@@ -979,12 +987,9 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
     let mut remaining: Vec<bool> = vec![true; unplaced.len()];
     // Pods a group's new node would take but for pod (anti-)affinity or topology spread.
     let mut blocked: Vec<Vec<bool>> = vec![vec![false; unplaced.len()]; templates.len()];
-    let mut rng = SplitMix(fnv(
-        &now.as_second().to_le_bytes(),
-        unplaced
-            .iter()
-            .fold(FNV_OFFSET, |h, p| fnv(p.uid.as_bytes(), h)),
-    ));
+    // Seeded only when the random expander first draws: hashing 10,000 UIDs byte by byte is
+    // not free, and the other expanders never draw.
+    let mut rng: Option<SplitMix> = None;
     loop {
         let mut options: Vec<Expansion> = Vec::new();
         for (gi, t) in templates.iter().enumerate() {
@@ -1079,6 +1084,14 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
                     .then_with(|| least_waste(a, b))
             }),
             Expander::Random => {
+                let rng = rng.get_or_insert_with(|| {
+                    SplitMix(fnv(
+                        &now.as_second().to_le_bytes(),
+                        unplaced
+                            .iter()
+                            .fold(FNV_OFFSET, |h, p| fnv(p.uid.as_bytes(), h)),
+                    ))
+                });
                 let i = (rng.next() % options.len() as u64) as usize;
                 options.get(i)
             }

@@ -108,7 +108,7 @@ mod tests {
         for q in &queries {
             assert_eq!(index.get(q), map.get(q.as_str()).copied(), "{q:?}");
         }
-        assert_eq!(index.get("dup"), Some(3001));
+        assert_eq!(index.get("dup"), Some(3002));
 
         // A table of two slots: most names share one, and every lookup still finds its node.
         let few: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
