@@ -217,6 +217,13 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
                 tracing::info!(node, %outcome, "the agent already handled this shutdown; nothing to do");
                 return Ok(EXIT_OK);
             }
+            crate::shutdown::UnitAction::Cancelled => {
+                tracing::info!(
+                    node,
+                    "the agent's shutdown was cancelled; nothing to do (the agent arms this unit again)"
+                );
+                return Ok(EXIT_OK);
+            }
             crate::shutdown::UnitAction::Apply(kind, p) => {
                 tracing::info!(node, ?kind, policy = ?p, "system shutdown: applying the [shutdown] policy");
                 if p == crate::config::ShutdownPolicy::Nothing {

@@ -23,5 +23,6 @@ pub mod scaler;
 pub mod secret;
 pub mod shutdown;
 pub mod store;
+pub mod systemd;
 pub mod tomlfile;
 pub mod validate;

@@ -2,131 +2,173 @@
 //! `[shutdown]` policy as the agent, and never a drain the agent already did.
 //!
 //! The unit catches the shutdowns that bypass logind (`systemctl isolate poweroff.target`, a
-//! shutdown while the agent is not running). When logind announced the shutdown, the agent has
-//! already applied the policy and released its lock by the time systemd stops the unit; its
-//! status file (under /run, so of this boot) says so, and the unit then does nothing — no second
-//! full drain after the agent's drain gave up at its deadline, and no Events. What kind of
-//! shutdown it is comes from systemd's job queue (`poweroff.target` or `reboot.target` being
-//! started), since no PrepareForShutdown reaches the unit. Both questions go to PID 1 over D-Bus,
-//! as `systemctl` would, but without a `systemctl` process.
+//! shutdown while the agent is not running). When logind announces a shutdown, the agent drains
+//! and stops the unit right away, so that systemd's shutdown later finds it stopped and kubelet
+//! (ordered before it) does not wait for its ExecStop. The ExecStop then waits for the agent's
+//! outcome in its status file (under /run, so of this boot) and does nothing more — no second
+//! full drain after the agent's drain gave up at its deadline, and no Events — unless the agent
+//! dies first: then the drain is the unit's. Without the agent, what kind of shutdown it is comes
+//! from systemd's job queue (`poweroff.target` or `reboot.target` being started), since no
+//! PrepareForShutdown reaches the unit.
 
+use std::path::Path;
 use std::time::Duration;
 
-use zbus::proxy::CacheProperties;
-use zbus::zvariant::OwnedObjectPath;
+use tokio::time::Instant;
+use tracing::{info, warn};
 
 use crate::agent::state::Phase;
 use crate::agent::status::{ShutdownOutcome, Status};
 use crate::config::{ShutdownPolicy, ShutdownSettings};
 use crate::logind::{self, ShutdownKind};
+use crate::systemd::Systemd;
 
-/// How long asking systemd may take before the answer counts as "don't know".
-const SYSTEMD_TIMEOUT: Duration = Duration::from_secs(2);
+/// While the agent drains, its liveness is checked this often (an exit writes no status).
+const AGENT_CHECK: Duration = Duration::from_millis(500);
 
 /// What the unit does at a shutdown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UnitAction {
     /// The agent finished its drain for this shutdown (with this outcome): nothing to do.
     AgentDone(Option<ShutdownOutcome>),
+    /// The agent stopped the unit for a shutdown that was then cancelled: nothing to do (the
+    /// agent starts the unit again).
+    Cancelled,
     /// Apply the policy for this kind of shutdown.
     Apply(ShutdownKind, ShutdownPolicy),
 }
 
-/// [`UnitAction::AgentDone`] when the agent's status says it drained for this shutdown.
-pub fn agent_done(agent: Option<&Status>) -> Option<UnitAction> {
-    agent
-        .filter(|st| st.phase == Phase::Drained)
-        .map(|st| UnitAction::AgentDone(st.last_drain.as_ref().map(|d| d.outcome.clone())))
+/// What the agent's status file says about a shutdown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentSays {
+    /// The agent (still running) drains for a shutdown logind announced: wait for its outcome.
+    Draining,
+    /// The agent drained for this shutdown, with this outcome.
+    Done(Option<ShutdownOutcome>),
+    /// The agent was draining for a shutdown and is gone: the shutdown is underway, and the
+    /// drain is the unit's.
+    Died,
+    /// Nothing about a shutdown (no file, or an agent not in a shutdown).
+    Nothing,
 }
 
-/// Decides what the unit does, from the agent's status (if it could be read) and the kind of
-/// shutdown systemd is performing.
-pub fn unit_action(agent: Option<&Status>, kind: ShutdownKind, s: &ShutdownSettings) -> UnitAction {
-    agent_done(agent).unwrap_or_else(|| UnitAction::Apply(kind, logind::policy_for(kind, s)))
+/// Reads the agent's status (`None`: no file) with `alive` telling whether its pid runs.
+pub fn agent_says(agent: Option<&Status>, alive: impl FnOnce(u32) -> bool) -> AgentSays {
+    match agent {
+        Some(st) if st.phase == Phase::Drained => {
+            AgentSays::Done(st.last_drain.as_ref().map(|d| d.outcome.clone()))
+        }
+        Some(st) if st.phase == Phase::Draining && alive(st.pid) => AgentSays::Draining,
+        Some(st) if st.phase == Phase::Draining => AgentSays::Died,
+        _ => AgentSays::Nothing,
+    }
+}
+
+/// After waiting while the agent with `pid` drained: what the status file says now.
+/// An agent back to any other phase under the same pid saw the shutdown cancelled; a new pid
+/// means the draining agent died (and was started again).
+pub fn after_waiting(pid: u32, now: Option<&Status>, alive: impl FnOnce(u32) -> bool) -> AgentSays {
+    match agent_says(now, alive) {
+        AgentSays::Nothing if now.is_some_and(|st| st.pid == pid) => AgentSays::Nothing,
+        AgentSays::Nothing => AgentSays::Died,
+        says => says,
+    }
+}
+
+/// Decides what the unit does when systemd stops it for a shutdown of `kind` and the agent has
+/// not handled it.
+pub fn unit_action(agent: &AgentSays, kind: ShutdownKind, s: &ShutdownSettings) -> UnitAction {
+    match agent {
+        AgentSays::Done(outcome) => UnitAction::AgentDone(outcome.clone()),
+        _ => UnitAction::Apply(kind, logind::policy_for(kind, s)),
+    }
 }
 
 /// At a system shutdown, what `nodeward drain` (the unit's ExecStop) does instead of a full
-/// drain; `None` outside a shutdown (an operator's `systemctl stop nodeward-drain`). The job
-/// queue is only read when the agent has not already handled the shutdown.
+/// drain; `None` outside a shutdown (an operator's `systemctl stop nodeward-drain`). Asking
+/// systemd takes at most [`crate::systemd::TIMEOUT`] in all, and only when the agent's status
+/// does not already tell.
 pub async fn for_this_shutdown(settings: &crate::config::Settings) -> Option<UnitAction> {
-    let systemd = tokio::time::timeout(SYSTEMD_TIMEOUT, Systemd::connect())
-        .await
-        .ok()?
-        .ok()?;
-    if !systemd.stopping().await {
-        return None;
+    let path = &settings.agent.status_file;
+    let read = || crate::agent::status::read(path).ok();
+    let agent = read();
+    let says = match agent_says(agent.as_ref(), crate::agent::status::alive) {
+        AgentSays::Draining => {
+            let pid = agent.as_ref().map_or(0, |st| st.pid);
+            info!(
+                pid,
+                "the agent drains for this shutdown; waiting for its outcome"
+            );
+            let now = wait_for_agent(path, pid).await;
+            after_waiting(pid, now.as_ref(), crate::agent::status::alive)
+        }
+        says => says,
+    };
+    let until = Instant::now() + crate::systemd::TIMEOUT;
+    match says {
+        AgentSays::Done(outcome) => Some(UnitAction::AgentDone(outcome)),
+        AgentSays::Nothing if agent.as_ref().is_some_and(|st| st.phase == Phase::Draining) => {
+            Some(UnitAction::Cancelled)
+        }
+        AgentSays::Died => {
+            warn!("the agent died while it drained for this shutdown; the drain is this unit's");
+            let kind = ask(until, |sd| async move { sd.kind().await }).await;
+            let kind = kind.unwrap_or(ShutdownKind::Unknown);
+            Some(unit_action(&says, kind, &settings.shutdown))
+        }
+        AgentSays::Nothing | AgentSays::Draining => {
+            let stopping = ask(until, |sd| async move { sd.stopping().await }).await;
+            if stopping != Some(true) {
+                return None;
+            }
+            let kind = ask(until, |sd| async move { sd.kind().await }).await;
+            let kind = kind.unwrap_or(ShutdownKind::Unknown);
+            Some(unit_action(&says, kind, &settings.shutdown))
+        }
     }
-    let agent = crate::agent::status::read(&settings.agent.status_file).ok();
-    if let Some(done) = agent_done(agent.as_ref()) {
-        return Some(done);
-    }
-    let kind = systemd.kind().await;
-    Some(unit_action(agent.as_ref(), kind, &settings.shutdown))
 }
 
-/// The kind of shutdown from systemd's job queue, as `(unit, job type)` pairs: the target being
-/// started tells.
-pub fn kind_from_jobs<'a>(jobs: impl IntoIterator<Item = (&'a str, &'a str)>) -> ShutdownKind {
-    let mut kind = ShutdownKind::Unknown;
-    for (unit, job_type) in jobs {
-        if job_type != "start" {
-            continue;
+/// One question to systemd, answered by `until`; `None` when there is no answer.
+async fn ask<T, F, Fut>(until: Instant, question: F) -> Option<T>
+where
+    F: FnOnce(Systemd) -> Fut,
+    Fut: std::future::Future<Output = zbus::Result<T>>,
+{
+    let asked = async {
+        let sd = Systemd::connect().await?;
+        question(sd).await
+    };
+    match tokio::time::timeout_at(until, asked).await {
+        Ok(Ok(t)) => Some(t),
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot ask systemd");
+            None
         }
-        match unit {
-            "poweroff.target" | "halt.target" => return ShutdownKind::PowerOff,
-            "reboot.target" | "kexec.target" | "soft-reboot.target" => kind = ShutdownKind::Reboot,
-            _ => {}
+        Err(_) => {
+            warn!("systemd did not answer in time");
+            None
         }
     }
-    kind
 }
 
-/// PID 1's manager interface on the system bus. The unit is ordered after dbus.service, so the
-/// bus is still up when systemd stops the unit. Asking over D-Bus costs no `systemctl` process in
-/// the shutdown's critical path (kubelet waits for this unit): two of those took most of the
-/// unit's 3.6 s ExecStop under the bench's emulated CPU. (PID 1's private socket would spare the
-/// bus, but zbus rejects the sender field systemd puts on its messages there.)
-struct Systemd(zbus::Proxy<'static>);
-
-/// One entry of `ListJobs`: id, unit, job type, state, job path, unit path.
-type Job = (
-    u32,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
-    OwnedObjectPath,
-);
-
-impl Systemd {
-    async fn connect() -> zbus::Result<Self> {
-        let conn = zbus::Connection::system().await?;
-        let proxy = zbus::proxy::Builder::new(&conn)
-            .destination("org.freedesktop.systemd1")?
-            .path("/org/freedesktop/systemd1")?
-            .interface("org.freedesktop.systemd1.Manager")?
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await?;
-        Ok(Self(proxy))
+/// Waits until the status file no longer says that the agent with `pid` drains (its outcome, a
+/// cancelled shutdown, or its death); returns the status then. Woken by inotify on the file's
+/// directory, and every [`AGENT_CHECK`] to see whether the agent still runs.
+async fn wait_for_agent(path: &Path, pid: u32) -> Option<Status> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let watch = crate::gate::watch::FileWatcher::new(vec![path.to_path_buf()], tx);
+    if let Err(e) = &watch {
+        warn!(error = %e, "cannot watch the agent's status file; reading it every {AGENT_CHECK:?}");
     }
-
-    /// Whether systemd is shutting the machine down (`SystemState` is "stopping"); `false`
-    /// when it does not answer in time.
-    async fn stopping(&self) -> bool {
-        let state = self.0.get_property::<String>("SystemState");
-        matches!(
-            tokio::time::timeout(SYSTEMD_TIMEOUT, state).await,
-            Ok(Ok(s)) if s == "stopping"
-        )
-    }
-
-    /// The kind of shutdown systemd performs, `Unknown` when it does not answer in time.
-    async fn kind(&self) -> ShutdownKind {
-        let jobs = self.0.call::<_, _, Vec<Job>>("ListJobs", &());
-        match tokio::time::timeout(SYSTEMD_TIMEOUT, jobs).await {
-            Ok(Ok(jobs)) => kind_from_jobs(jobs.iter().map(|j| (j.1.as_str(), j.2.as_str()))),
-            _ => ShutdownKind::Unknown,
+    loop {
+        let now = crate::agent::status::read(path).ok();
+        let says = agent_says(now.as_ref(), crate::agent::status::alive);
+        if says != AgentSays::Draining || now.as_ref().is_some_and(|st| st.pid != pid) {
+            return now;
+        }
+        tokio::select! {
+            Some(()) = rx.recv() => {}
+            () = tokio::time::sleep(AGENT_CHECK) => {}
         }
     }
 }
@@ -135,28 +177,9 @@ impl Systemd {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_kind_comes_from_the_target_being_started() {
-        let cases: [(&[(&str, &str)], ShutdownKind); 7] = [
-            (
-                &[("poweroff.target", "start"), ("kubelet.service", "stop")],
-                ShutdownKind::PowerOff,
-            ),
-            (&[("reboot.target", "start")], ShutdownKind::Reboot),
-            (&[("kexec.target", "start")], ShutdownKind::Reboot),
-            (&[("halt.target", "start")], ShutdownKind::PowerOff),
-            (&[("nodeward-drain.service", "stop")], ShutdownKind::Unknown),
-            (&[("reboot.target", "stop")], ShutdownKind::Unknown),
-            (&[], ShutdownKind::Unknown),
-        ];
-        for (jobs, want) in cases {
-            assert_eq!(kind_from_jobs(jobs.iter().copied()), want, "{jobs:?}");
-        }
-    }
-
-    fn status(phase: Phase) -> Status {
+    fn status(pid: u32, phase: Phase) -> Status {
         Status {
-            pid: 1,
+            pid,
             node: "n".into(),
             phase,
             lock: crate::agent::state::Lock::Released,
@@ -175,37 +198,75 @@ mod tests {
     }
 
     #[test]
+    fn the_agents_status_says_whether_to_wait_do_nothing_or_drain() {
+        let alive = |_| true;
+        let dead = |_| false;
+        let cases = [
+            (None, true, AgentSays::Nothing),
+            (Some(status(7, Phase::Ready)), true, AgentSays::Nothing),
+            (Some(status(7, Phase::Draining)), true, AgentSays::Draining),
+            (Some(status(7, Phase::Draining)), false, AgentSays::Died),
+            (
+                Some(status(7, Phase::Drained)),
+                false,
+                AgentSays::Done(None),
+            ),
+        ];
+        for (st, running, want) in cases {
+            let got = if running {
+                agent_says(st.as_ref(), alive)
+            } else {
+                agent_says(st.as_ref(), dead)
+            };
+            assert_eq!(got, want, "{st:?} running {running}");
+        }
+    }
+
+    #[test]
+    fn after_waiting_a_new_agent_means_the_draining_one_died() {
+        let alive = |_| true;
+        let ready = status(7, Phase::Ready);
+        assert_eq!(after_waiting(7, Some(&ready), alive), AgentSays::Nothing);
+        let restarted = status(8, Phase::Booting);
+        assert_eq!(after_waiting(7, Some(&restarted), alive), AgentSays::Died);
+        assert_eq!(after_waiting(7, None, alive), AgentSays::Died);
+        let drained = status(7, Phase::Drained);
+        assert_eq!(
+            after_waiting(7, Some(&drained), alive),
+            AgentSays::Done(None)
+        );
+    }
+
+    #[test]
     fn the_unit_applies_the_agents_policy_unless_the_agent_drained() {
         let mut s = crate::config::Settings::default().shutdown;
         s.on_reboot = ShutdownPolicy::Cordon;
         s.on_poweroff = ShutdownPolicy::Drain;
         s.on_unknown = ShutdownPolicy::Nothing;
-        let drained = status(Phase::Drained);
-        let ready = status(Phase::Ready);
         let cases = [
             (
-                Some(&drained),
+                AgentSays::Done(None),
                 ShutdownKind::PowerOff,
                 UnitAction::AgentDone(None),
             ),
             (
-                Some(&ready),
+                AgentSays::Nothing,
                 ShutdownKind::PowerOff,
                 UnitAction::Apply(ShutdownKind::PowerOff, ShutdownPolicy::Drain),
             ),
             (
-                None,
+                AgentSays::Died,
                 ShutdownKind::Reboot,
                 UnitAction::Apply(ShutdownKind::Reboot, ShutdownPolicy::Cordon),
             ),
             (
-                Some(&ready),
+                AgentSays::Nothing,
                 ShutdownKind::Unknown,
                 UnitAction::Apply(ShutdownKind::Unknown, ShutdownPolicy::Nothing),
             ),
         ];
         for (agent, kind, want) in cases {
-            assert_eq!(unit_action(agent, kind, &s), want, "{agent:?} {kind:?}");
+            assert_eq!(unit_action(&agent, kind, &s), want, "{agent:?} {kind:?}");
         }
     }
 }

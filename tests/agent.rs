@@ -632,12 +632,23 @@ async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
     h.wait_for_inhibitors(SOON, |l| ours(l) == 0)
         .await
         .expect("our lock is gone from logind's list");
+    // nodeward-drain.service was stopped while the agent drained (its ExecStop waits for the
+    // agent's outcome), so systemd's shutdown does not wait for it between the lock's release
+    // and kubelet's stop.
+    assert_eq!(
+        h.stopped_units().await.expect("StopUnit calls"),
+        ["nodeward-drain.service"],
+        "the agent did not take the drain unit off kubelet's path"
+    );
 
     // systemctl cancel: logind sends PrepareForShutdown(false).
     h.cancel_shutdown().await.expect("cancel");
     h.wait_for_inhibitors(SOON, |l| ours(l) == 1)
         .await
         .expect("lock taken again after the cancel");
+    h.wait_for_unit_started("nodeward-drain.service", SOON)
+        .await
+        .expect("the agent re-arms the drain unit it stopped");
     wait_node(
         &emu,
         "our shutdown cordon lifted after the cancel",

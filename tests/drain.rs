@@ -605,6 +605,23 @@ async fn unit_stop(
     bus.systemd_stopping_for(target)
         .await
         .expect("systemd mock: stopping");
+    let out = unit_exec_stop(emu, bus, dir, toml)
+        .output()
+        .await
+        .expect("run nodeward drain");
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    text
+}
+
+/// `nodeward drain` as the drain unit's ExecStop, with the agent's status file in `dir` and the
+/// harness's bus as the system bus (async: the emulator serves from this test's runtime).
+fn unit_exec_stop(
+    emu: &EmulatorHandle,
+    bus: &LogindHarness,
+    dir: &std::path::Path,
+    toml: &str,
+) -> tokio::process::Command {
     let config = dir.join("config.toml");
     std::fs::write(
         &config,
@@ -614,25 +631,45 @@ async fn unit_stop(
         ),
     )
     .expect("config");
-    // Async: the emulator serves from this test's runtime.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
-        .args(["drain", NODE, "--config"])
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"));
+    cmd.args(["drain", NODE, "--config"])
         .arg(&config)
         .arg("--kubeconfig")
         .arg(emu.kubeconfig_path())
         .env("DBUS_SYSTEM_BUS_ADDRESS", bus.bus_address())
         .env("RUST_LOG", "info")
-        .output()
-        .await
-        .expect("run nodeward drain");
-    let text = format!(
+        .kill_on_drop(true);
+    cmd
+}
+
+fn output_text(out: &std::process::Output) -> String {
+    format!(
         "exit {:?}\nstdout:\n{}\nstderr:\n{}",
         out.status.code(),
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
-    text
+    )
+}
+
+/// The agent's status file in `dir`, as the agent with `pid` writes it in `phase`; a drained
+/// agent gave up at its deadline with every pod left.
+fn write_agent_status(dir: &std::path::Path, pid: u32, phase: &str, pods: &[&str]) {
+    let last_drain = (phase == "drained").then(|| {
+        json!({"started_at": "2026-11-23T10:00:00Z", "kind": "poweroff", "policy": "drain",
+            "deadline_ms": 25000, "outcome": {"deadline_exceeded": null}, "evicted": 0,
+            "left_behind": pods.iter().map(|p| format!("default/{p}")).collect::<Vec<_>>(),
+            "refused": [], "elapsed_ms": 25000})
+    });
+    let status = json!({
+        "pid": pid, "node": NODE, "phase": phase, "lock": "released", "lock_takes": 1,
+        "inhibit_delay_max_ms": 30000, "waiting_for": "", "ready": true, "node_registered": true,
+        "gates": [], "not_ready_in_time": false, "startup_taint": false, "cordoned_by": null,
+        "warnings": [], "last_drain": last_drain
+    });
+    // Written whole and renamed into place, as the agent does.
+    let tmp = dir.join("status.json.tmp");
+    std::fs::write(&tmp, status.to_string()).expect("status");
+    std::fs::rename(&tmp, dir.join("status.json")).expect("status rename");
 }
 
 fn cordoned(emu: &EmulatorHandle) -> bool {
@@ -670,22 +707,97 @@ async fn the_drain_unit_does_nothing_after_the_agents_drain() {
         emu.seed_pod(web(&format!("web-{i}"))).expect("pod");
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let status = json!({
-        "pid": 1, "node": NODE, "phase": "drained", "lock": "released", "lock_takes": 1,
-        "inhibit_delay_max_ms": 30000, "waiting_for": "", "ready": true, "node_registered": true,
-        "gates": [], "not_ready_in_time": false, "startup_taint": false, "cordoned_by": null,
-        "warnings": [],
-        "last_drain": {"started_at": "2026-11-23T10:00:00Z", "kind": "poweroff", "policy": "drain",
-            "deadline_ms": 25000, "outcome": {"deadline_exceeded": null}, "evicted": 0,
-            "left_behind": ["default/web-0", "default/web-1"], "refused": [], "elapsed_ms": 25000}
-    });
-    std::fs::write(dir.path().join("status.json"), status.to_string()).expect("status");
+    write_agent_status(dir.path(), 1, "drained", &["web-0", "web-1"]);
     let bus = systemd_bus().await;
     let out = unit_stop(&emu, &bus, dir.path(), "poweroff.target", "").await;
     assert!(out.contains("already handled this shutdown"), "{out}");
     assert_eq!(pods_on(&emu, NODE).len(), 2, "no second drain\n{out}");
     assert!(!cordoned(&emu), "{out}");
     assert!(event_reasons(&emu).is_empty(), "{:?}", event_reasons(&emu));
+    bus.shutdown().await;
+}
+
+/// The agent stops the drain unit as soon as logind announces a shutdown, while systemd is still
+/// "running" (it only starts stopping units once the agent releases its lock). The unit's
+/// ExecStop then waits for the agent's outcome instead of draining as an operator's stop would:
+/// - the agent says "drained": nothing to do, no second drain, no Events;
+/// - the shutdown is cancelled (the agent is back to "ready"): nothing to do either;
+/// - the agent dies while draining: the unit applies the `[shutdown]` policy itself.
+#[tokio::test]
+async fn the_drain_unit_stopped_while_the_agent_drains_waits_for_its_outcome() {
+    let emu = emulator().await;
+    for i in 0..2 {
+        emu.seed_pod(web(&format!("web-{i}"))).expect("pod");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bus = systemd_bus().await;
+    let mut agent = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .expect("a process standing in for the agent");
+
+    for (then, says) in [("drained", "already handled"), ("ready", "cancelled")] {
+        write_agent_status(dir.path(), agent.id(), "draining", &[]);
+        let stop = unit_exec_stop(&emu, &bus, dir.path(), "")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run nodeward drain");
+        // Long enough to start, ask and cordon, had it taken this for an operator's stop.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !cordoned(&emu),
+            "the unit drained while the agent was draining"
+        );
+        write_agent_status(dir.path(), agent.id(), then, &["web-0", "web-1"]);
+        let out = tokio::time::timeout(Duration::from_secs(15), stop.wait_with_output())
+            .await
+            .expect("the unit's ExecStop ends once the agent has an outcome")
+            .expect("nodeward drain");
+        let text = output_text(&out);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains(says), "agent {then}: {text}");
+        assert_eq!(
+            pods_on(&emu, NODE).len(),
+            2,
+            "agent {then}: no drain\n{text}"
+        );
+        assert!(!cordoned(&emu), "agent {then}: {text}");
+        assert!(event_reasons(&emu).is_empty(), "{:?}", event_reasons(&emu));
+    }
+
+    // The agent dies mid-drain: the unit takes over with the policy for this shutdown.
+    write_agent_status(dir.path(), agent.id(), "draining", &[]);
+    bus.systemd_stopping_for("poweroff.target")
+        .await
+        .expect("systemd mock: stopping");
+    let stop = unit_exec_stop(&emu, &bus, dir.path(), "")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run nodeward drain");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    agent.kill().expect("kill the stand-in agent");
+    agent.wait().expect("reap the stand-in agent");
+    let out = tokio::time::timeout(Duration::from_secs(30), stop.wait_with_output())
+        .await
+        .expect("the unit drains and ends")
+        .expect("nodeward drain");
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(pods_on(&emu, NODE).is_empty(), "the unit drained\n{text}");
+    let reason = emu
+        .get("nodes", None, NODE)
+        .and_then(|n| {
+            n.pointer("/metadata/annotations/nodeward.io~1cordoned-by")
+                .cloned()
+        })
+        .and_then(|a| a.as_str().map(str::to_string))
+        .unwrap_or_default();
+    assert!(
+        reason.contains("shutdown (poweroff; nodeward-drain.service stopped by the system)"),
+        "cordoned as a shutdown: {reason}\n{text}"
+    );
     bus.shutdown().await;
 }
 

@@ -228,6 +228,9 @@ struct Agent {
         Duration,
     )>,
     last_drain: Option<DrainSummary>,
+    /// Stops nodeward-drain.service during a shutdown drain; true when it stopped an armed unit
+    /// (which a cancelled shutdown then starts again).
+    drain_unit: Option<tokio::task::JoinHandle<bool>>,
     warnings: Vec<String>,
     notified_ready: bool,
     last_status_line: String,
@@ -287,6 +290,7 @@ impl Agent {
             logind_backoff: LOGIND_RETRY_MIN,
             shutdown_started: None,
             last_drain: None,
+            drain_unit: None,
             warnings: Vec::new(),
             notified_ready: false,
             last_status_line: String::new(),
@@ -423,6 +427,10 @@ impl Agent {
                     Some(ev) => {
                         if let Some(d) = self.on_logind(ev).await {
                             drain = Some(d);
+                            // The drain unit's ExecStop waits for the outcome in the status
+                            // file, which must say "draining" before the unit is stopped.
+                            self.publish();
+                            self.stop_drain_unit();
                         }
                         if matches!(self.phase, Phase::Gated | Phase::Ready) && drain.is_some() {
                             // A cancelled shutdown: stop draining.

@@ -2,6 +2,7 @@
 //! retrying only what trying again can fix, and releasing the lock when done.
 
 use super::*;
+use crate::systemd::{DRAIN_UNIT, Systemd};
 
 impl Agent {
     pub(super) async fn on_logind(&mut self, ev: LogindEvent) -> Option<DrainFuture> {
@@ -38,6 +39,7 @@ impl Agent {
                 info!(node = %self.node, "shutdown cancelled; taking the lock again");
                 self.phase_to(PhaseEvent::ShutdownCancelled);
                 self.shutdown_started = None;
+                self.rearm_drain_unit();
                 if self.lock != Lock::Held {
                     self.take_lock().await;
                 }
@@ -97,6 +99,69 @@ impl Agent {
                 .map_or_else(outcome, |r| report_summary(&r))
             }),
         })
+    }
+
+    /// Stops nodeward-drain.service (when armed) as the shutdown drain starts. Its ExecStop then
+    /// waits for this drain's outcome (or takes over if the agent dies) while the drain runs,
+    /// instead of running after the lock's release: kubelet is ordered before the unit, so
+    /// systemd's shutdown would otherwise stop kubelet only once that ExecStop (a process start
+    /// and questions to systemd, seconds on a slow machine) had found nothing to do.
+    pub(super) fn stop_drain_unit(&mut self) {
+        let Some(conn) = self.logind.as_ref().map(|l| l.connection().clone()) else {
+            return;
+        };
+        self.drain_unit = Some(tokio::spawn(async move {
+            let stop = async {
+                let sd = Systemd::on(&conn).await?;
+                if sd.active_state(DRAIN_UNIT).await? != "active" {
+                    return Ok(false);
+                }
+                sd.stop_unit(DRAIN_UNIT).await.map(|()| true)
+            };
+            match tokio::time::timeout(crate::systemd::TIMEOUT * 2, stop).await {
+                Ok(Ok(stopped)) => {
+                    if stopped {
+                        info!("stopped {DRAIN_UNIT}: it waits for this drain's outcome");
+                    }
+                    stopped
+                }
+                Ok(Err(e)) => {
+                    warn!(error = %e, "cannot stop {DRAIN_UNIT}; systemd stops it after the lock's release");
+                    false
+                }
+                Err(_) => {
+                    warn!(
+                        "systemd did not answer in time; it stops {DRAIN_UNIT} after the lock's release"
+                    );
+                    false
+                }
+            }
+        }));
+    }
+
+    /// Starts nodeward-drain.service again after a cancelled shutdown, if the drain stopped it.
+    fn rearm_drain_unit(&mut self) {
+        let (Some(stopping), Some(conn)) = (
+            self.drain_unit.take(),
+            self.logind.as_ref().map(|l| l.connection().clone()),
+        ) else {
+            return;
+        };
+        tokio::spawn(async move {
+            if !matches!(stopping.await, Ok(true)) {
+                return;
+            }
+            let start = async { Systemd::on(&conn).await?.start_unit(DRAIN_UNIT).await };
+            match tokio::time::timeout(crate::systemd::TIMEOUT, start).await {
+                Ok(Ok(())) => info!("shutdown cancelled: {DRAIN_UNIT} armed again"),
+                Ok(Err(e)) => {
+                    warn!(error = %e, "cannot start {DRAIN_UNIT} again: `systemctl start {DRAIN_UNIT}` arms it")
+                }
+                Err(_) => {
+                    warn!("systemd did not answer in time: `systemctl start {DRAIN_UNIT}` arms it")
+                }
+            }
+        });
     }
 
     pub(super) fn drain_ended(&mut self, mut summary: DrainSummary) {

@@ -159,6 +159,20 @@ pub fn write(path: &Path, status: &Status) -> Result<(), Error> {
     Ok(())
 }
 
+/// Whether the process `pid` (an agent's, from its status file) still runs.
+pub fn alive(pid: u32) -> bool {
+    if pid == 0 {
+        // kill(0) would ask about this process group.
+        return false;
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX));
+    // EPERM: it runs, as someone this process may not signal.
+    !matches!(
+        nix::sys::signal::kill(pid, None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
 /// How long each live check of `nodeward status` may take.
 const LIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -168,8 +182,7 @@ const LIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 pub async fn live(st: &Status, client: Result<kube::Client, String>) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(st.pid).unwrap_or(i32::MAX));
-    if nix::sys::signal::kill(pid, None).is_err() {
+    if !alive(st.pid) {
         let _ = writeln!(
             out,
             "agent:         pid {} is not running; the file is stale",

@@ -103,6 +103,11 @@ impl Logind {
         Ok(Self { conn, manager })
     }
 
+    /// The bus connection (shared with other clients on the system bus, such as PID 1's).
+    pub fn connection(&self) -> &zbus::Connection {
+        &self.conn
+    }
+
     /// Takes nodeward's delay lock on shutdown; it lasts until the fd is closed.
     #[tracing::instrument(skip(self), err)]
     pub async fn take_lock(&self) -> Result<OwnedFd, Error> {

@@ -470,20 +470,34 @@ impl LogindHarness {
     ///
     /// [`Error::Unsupported`] in dbusmock mode (there is no systemd mock), or [`Error::DBus`].
     pub async fn started_units(&self) -> Result<Vec<String>> {
-        let mock = self.systemd_mock("started_units").await?;
+        self.unit_calls("StartUnit").await
+    }
+
+    /// Units the systemd mock was asked to stop (`StopUnit`), oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] in dbusmock mode (there is no systemd mock), or [`Error::DBus`].
+    pub async fn stopped_units(&self) -> Result<Vec<String>> {
+        self.unit_calls("StopUnit").await
+    }
+
+    /// The unit named in each call of `method` on the systemd mock, oldest first.
+    async fn unit_calls(&self, method: &'static str) -> Result<Vec<String>> {
+        let mock = self.systemd_mock(method).await?;
         let calls = mock
-            .get_method_calls("StartUnit")
+            .get_method_calls(method)
             .await
-            .map_err(Error::dbus("GetMethodCalls(StartUnit)"))?;
+            .map_err(Error::dbus(format!("GetMethodCalls({method})")))?;
         Ok(calls
             .iter()
             .filter_map(|(_, args)| args.first().and_then(|v| variant_str(v)))
             .collect())
     }
 
-    /// Waits until logind has asked the systemd mock to start `unit` (returns at once if it
-    /// already has). Watches dbusmock's `MethodCalled` signal, subscribing before it checks the
-    /// call log, so no call is missed.
+    /// Waits until the systemd mock was asked (by logind or an agent) to start `unit`; returns
+    /// at once if it already was. Watches dbusmock's `MethodCalled` signal, subscribing before
+    /// it checks the call log, so no call is missed.
     ///
     /// # Errors
     ///
@@ -723,14 +737,10 @@ impl LogindHarness {
             .map_err(Error::dbus("login1 proxy"))
     }
 
-    async fn mock_at(
-        &self,
-        service: &'static str,
-        path: &'static str,
-    ) -> Result<MockProxy<'static>> {
+    async fn mock_at(&self, service: &'static str, path: &str) -> Result<MockProxy<'static>> {
         MockProxy::builder(&self.conn)
             .destination(service)
-            .and_then(|b| b.path(path))
+            .and_then(|b| b.path(path.to_owned()))
             .map_err(Error::dbus("mock proxy"))?
             .cache_properties(CacheProperties::No)
             .build()
@@ -770,6 +780,23 @@ impl LogindHarness {
             mock.add_object(&render::unit_object_path(unit), SYSTEMD1_UNIT, props, &[])
                 .await
                 .map_err(Error::dbus(format!("AddObject for {unit}")))?;
+        }
+        // Armed, as after the package's postinst, at both of its paths (GetUnit answers
+        // dbusmock's; the template's StopUnit turns that one inactive).
+        for path in [
+            render::dbusmock_unit_path(render::DRAIN_UNIT),
+            render::unit_object_path(render::DRAIN_UNIT),
+        ] {
+            self.mock_at(SYSTEMD1_NAME, &path)
+                .await?
+                .update_properties(
+                    SYSTEMD1_UNIT,
+                    HashMap::from([("ActiveState", Value::from("active"))]),
+                )
+                .await
+                .map_err(Error::dbus(
+                    "UpdateProperties(ActiveState) of the drain unit",
+                ))?;
         }
         // PID 1 answers these for anyone; a running system with an empty job queue until a
         // test says otherwise (systemd_stopping_for).

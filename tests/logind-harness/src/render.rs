@@ -11,7 +11,16 @@ use std::time::Duration;
 /// Unit names the systemd mock knows. logind 252 asks for `LoadState` of the unit it is about to
 /// start (`poweroff.target` for `PowerOff`, `reboot.target` for `Reboot`, `halt.target` for `Halt`)
 /// and refuses the call with "Unit … is not loaded" unless the mock answers `loaded`.
-pub(crate) const MOCK_UNITS: &[&str] = &["poweroff.target", "reboot.target", "halt.target"];
+pub(crate) const MOCK_UNITS: &[&str] = &[
+    "poweroff.target",
+    "reboot.target",
+    "halt.target",
+    DRAIN_UNIT,
+];
+
+/// nodeward's drain unit, which the agent stops while it drains for a shutdown. The mock starts
+/// it `active`, as on a node with the package installed.
+pub(crate) const DRAIN_UNIT: &str = "nodeward-drain.service";
 
 /// The D-Bus daemon configuration: a *system* bus (so sd-bus and dbus-python treat it as the system
 /// bus) listening on one unix socket, with a policy that lets every local client own any name and
@@ -132,6 +141,15 @@ pub(crate) fn list_jobs_code(jobs: &[(&str, &str, &str)]) -> String {
     }
     code.push(']');
     code
+}
+
+/// Object path dbusmock's `AddMockUnit` gives a unit (and its `GetUnit` answers): `.` and `-`
+/// replaced with `_`.
+pub(crate) fn dbusmock_unit_path(unit: &str) -> String {
+    format!(
+        "/org/freedesktop/systemd1/unit/{}",
+        unit.replace(['.', '-'], "_")
+    )
 }
 
 /// Object path systemd gives a unit: `bus_label_escape()` turns every byte outside `[A-Za-z0-9]`
