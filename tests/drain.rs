@@ -28,6 +28,15 @@ async fn emulator() -> Arc<EmulatorHandle> {
     Arc::new(emu)
 }
 
+/// The emulator with `n` pods `web-0`… on the node.
+async fn emulator_with_web(n: usize) -> Arc<EmulatorHandle> {
+    let emu = emulator().await;
+    for i in 0..n {
+        emu.seed_pod(web(&format!("web-{i}"))).expect("pod");
+    }
+    emu
+}
+
 async fn client(emu: &EmulatorHandle) -> kube::Client {
     nodeward::kube_client::client(Some(emu.kubeconfig_path()))
         .await
@@ -464,10 +473,7 @@ async fn own_cordon_is_undone_with_its_label() {
 
 #[tokio::test]
 async fn rerun_after_an_interrupted_drain_finishes_the_job() {
-    let emu = emulator().await;
-    for i in 0..3 {
-        emu.seed_pod(web(&format!("web-{i}"))).expect("pod");
-    }
+    let emu = emulator_with_web(3).await;
     pdb(&emu, "web", "web", json!({"minAvailable": 3}));
     let c = client(&emu).await;
     let interrupted = tokio::time::timeout(
@@ -638,8 +644,22 @@ fn unit_exec_stop(
         .arg(emu.kubeconfig_path())
         .env("DBUS_SYSTEM_BUS_ADDRESS", bus.bus_address())
         .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     cmd
+}
+
+/// Waits up to `within` for a spawned `nodeward drain` to end, which it must do successfully;
+/// its exit code and output.
+async fn succeeded(stop: tokio::process::Child, within: Duration) -> String {
+    let out = tokio::time::timeout(within, stop.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("nodeward drain still running after {within:?}"))
+        .expect("nodeward drain");
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    text
 }
 
 fn output_text(out: &std::process::Output) -> String {
@@ -681,10 +701,7 @@ fn cordoned(emu: &EmulatorHandle) -> bool {
 /// cordons and evicts nothing; `on_poweroff = "nothing"` leaves the node alone.
 #[tokio::test]
 async fn the_drain_unit_applies_the_shutdown_policy() {
-    let emu = emulator().await;
-    for i in 0..3 {
-        emu.seed_pod(web(&format!("web-{i}"))).expect("pod");
-    }
+    let emu = emulator_with_web(3).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let bus = systemd_bus().await;
     let policy = "[shutdown]\non_reboot = \"cordon\"\non_poweroff = \"nothing\"\n";
@@ -702,10 +719,7 @@ async fn the_drain_unit_applies_the_shutdown_policy() {
 /// drain unit does not start a second full drain, cordons nothing and writes no Events.
 #[tokio::test]
 async fn the_drain_unit_does_nothing_after_the_agents_drain() {
-    let emu = emulator().await;
-    for i in 0..2 {
-        emu.seed_pod(web(&format!("web-{i}"))).expect("pod");
-    }
+    let emu = emulator_with_web(2).await;
     let dir = tempfile::tempdir().expect("tempdir");
     write_agent_status(dir.path(), 1, "drained", &["web-0", "web-1"]);
     let bus = systemd_bus().await;
@@ -725,10 +739,7 @@ async fn the_drain_unit_does_nothing_after_the_agents_drain() {
 /// - the agent dies while draining: the unit applies the `[shutdown]` policy itself.
 #[tokio::test]
 async fn the_drain_unit_stopped_while_the_agent_drains_waits_for_its_outcome() {
-    let emu = emulator().await;
-    for i in 0..2 {
-        emu.seed_pod(web(&format!("web-{i}"))).expect("pod");
-    }
+    let emu = emulator_with_web(2).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let bus = systemd_bus().await;
     let mut agent = std::process::Command::new("sleep")
@@ -739,8 +750,6 @@ async fn the_drain_unit_stopped_while_the_agent_drains_waits_for_its_outcome() {
     for (then, says) in [("drained", "already handled"), ("ready", "cancelled")] {
         write_agent_status(dir.path(), agent.id(), "draining", &[]);
         let stop = unit_exec_stop(&emu, &bus, dir.path(), "")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("run nodeward drain");
         // Long enough to start, ask and cordon, had it taken this for an operator's stop.
@@ -750,12 +759,7 @@ async fn the_drain_unit_stopped_while_the_agent_drains_waits_for_its_outcome() {
             "the unit drained while the agent was draining"
         );
         write_agent_status(dir.path(), agent.id(), then, &["web-0", "web-1"]);
-        let out = tokio::time::timeout(Duration::from_secs(15), stop.wait_with_output())
-            .await
-            .expect("the unit's ExecStop ends once the agent has an outcome")
-            .expect("nodeward drain");
-        let text = output_text(&out);
-        assert!(out.status.success(), "{text}");
+        let text = succeeded(stop, Duration::from_secs(15)).await;
         assert!(text.contains(says), "agent {then}: {text}");
         assert_eq!(
             pods_on(&emu, NODE).len(),
@@ -772,19 +776,12 @@ async fn the_drain_unit_stopped_while_the_agent_drains_waits_for_its_outcome() {
         .await
         .expect("systemd mock: stopping");
     let stop = unit_exec_stop(&emu, &bus, dir.path(), "")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run nodeward drain");
     tokio::time::sleep(Duration::from_millis(500)).await;
     agent.kill().expect("kill the stand-in agent");
     agent.wait().expect("reap the stand-in agent");
-    let out = tokio::time::timeout(Duration::from_secs(30), stop.wait_with_output())
-        .await
-        .expect("the unit drains and ends")
-        .expect("nodeward drain");
-    let text = output_text(&out);
-    assert!(out.status.success(), "{text}");
+    let text = succeeded(stop, Duration::from_secs(30)).await;
     assert!(pods_on(&emu, NODE).is_empty(), "the unit drained\n{text}");
     let reason = emu
         .get("nodes", None, NODE)

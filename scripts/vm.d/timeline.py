@@ -20,7 +20,8 @@ import sys
 MILESTONES = [
     ("agent: logind announced the shutdown", r"nodeward\[\d+\]: .*shutdown announced"),
     ("agent: drain ended, lock released", r"nodeward\[\d+\]: .*shutdown drain ended"),
-    ("systemd: stopping units", r"(Stopping|Stopped|Removed slice) "),
+    # The shutdown's first stop; the agent stops nodeward-drain.service itself, earlier.
+    ("systemd: stopping units", r"(Stopping|Stopped|Removed slice) (?!nodeward-drain)"),
     ("nodeward-drain.service: stopping", r"Stopping nodeward-drain"),
     ("nodeward-drain.service: decided", r"nodeward\[\d+\]: .*(already handled this shutdown|applying the \[shutdown\] policy)"),
     ("nodeward-drain.service: stopped", r"Stopped nodeward-drain"),
