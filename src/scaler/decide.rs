@@ -1022,6 +1022,32 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
     let mut remaining: Vec<bool> = vec![true; unplaced.len()];
     // Pods a group's new node would take but for pod (anti-)affinity or topology spread.
     let mut blocked: Vec<Vec<bool>> = vec![vec![false; unplaced.len()]; templates.len()];
+    // Per group, the least CPU, memory and pods its candidates from each position on request:
+    // once a trial is out of room and no new node has that much left, none of them fits.
+    let floors: Vec<Vec<Resources>> = candidates
+        .iter()
+        .map(|list| {
+            let mut floor = vec![
+                Resources {
+                    cpu_milli: i64::MAX,
+                    memory: i64::MAX,
+                    pods: i64::MAX,
+                    ..Resources::default()
+                };
+                list.len() + 1
+            ];
+            for (k, &pi) in list.iter().enumerate().rev() {
+                let (r, next) = (&unplaced[pi].requests, &floor[k + 1]);
+                floor[k] = Resources {
+                    cpu_milli: r.cpu_milli.min(next.cpu_milli),
+                    memory: r.memory.min(next.memory),
+                    pods: r.pods.min(next.pods),
+                    ..Resources::default()
+                };
+            }
+            floor
+        })
+        .collect();
     // Seeded only when the random expander first draws: hashing 10,000 UIDs byte by byte is
     // not free, and the other expanders never draw.
     let mut rng: Option<SplitMix> = None;
@@ -1039,7 +1065,10 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
             let mut placed = Vec::new();
             let mut on_node = Vec::new();
             let mut requested = Resources::default();
-            for &pi in &candidates[gi] {
+            for (k, &pi) in candidates[gi].iter().enumerate() {
+                if nodes.len() as u32 >= room && !fit.may_take(&floors[gi][k]) {
+                    break;
+                }
                 let (p, qi) = (unplaced[pi], unplaced_q[pi]);
                 if !remaining[pi] {
                     continue;
