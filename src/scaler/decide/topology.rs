@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::label_sets::LabelSet;
 use super::{selector_selects, selects};
-use crate::scaler::model::{Namespaces, NodeView, PodView, Requirement, SelectorView};
+use crate::scaler::model::{Namespaces, NodeView, PodTermView, PodView, Requirement, SelectorView};
 
 /// The label that makes every node its own domain.
 pub(super) const HOSTNAME: &str = "kubernetes.io/hostname";
@@ -357,14 +357,24 @@ impl Topology {
             let ni = pods.node_of.get(i).copied().flatten()?;
             Some((ni, pods.all.get(i)?)).filter(|_| ni < nodes.len())
         });
+        // The carried terms' counters by term: the replicas of a workload carry the same terms,
+        // and finding a counter by its `Matcher` first clones the term into one.
+        let mut carried: HashMap<&PodTermView, usize> = HashMap::new();
         for (ni, p) in carrying {
             for term in p.constraints.iter().flat_map(|c| &c.anti_affinity) {
-                let key = key_of(&mut t, &term.topology_key);
-                let m = Matcher {
-                    namespaces: term.namespaces.clone(),
-                    selector: term.selector.clone(),
+                let ci = match carried.get(term) {
+                    Some(&ci) => ci,
+                    None => {
+                        let key = key_of(&mut t, &term.topology_key);
+                        let m = Matcher {
+                            namespaces: term.namespaces.clone(),
+                            selector: term.selector.clone(),
+                        };
+                        let ci = counter(&mut t, &mut carrier_index, true, m, key);
+                        carried.insert(term, ci);
+                        ci
+                    }
                 };
-                let ci = counter(&mut t, &mut carrier_index, true, m, key);
                 running_carriers.push((ni, ci));
             }
         }
