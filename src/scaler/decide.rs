@@ -35,8 +35,9 @@ use super::resources::Resources;
 use crate::config::{Expander, GroupSettings, ScalerSettings};
 use crate::names::NODE_GROUP_LABEL;
 use first_fit::{FirstFit, Probe};
+use label_sets::LabelSets;
 use node_index::NodeIndex;
-use topology::{BinSite, HOSTNAME, Place, Topology};
+use topology::{BinSite, HOSTNAME, Place, Pods, Topology};
 
 /// Why a group grows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -584,10 +585,15 @@ struct Context<'a> {
     pods_from: Vec<usize>,
     /// Per node index, what they take.
     usage: Vec<NodeUsage>,
-    /// The pods the scheduler found no node for, in snapshot order.
-    unschedulable: Vec<&'a PodView>,
+    /// The pods the scheduler found no node for, by index in `snap.pods`, in snapshot order.
+    unschedulable: Vec<usize>,
     /// The pods that carry pod anti-affinity, by index in `snap.pods`, in snapshot order.
     carrying: Vec<usize>,
+    /// The pods' distinct namespaces and label sets, for the topology counters.
+    label_sets: LabelSets<'a>,
+    /// Per pod of `snap.pods`, its set in `label_sets`; empty when no pod has inter-pod
+    /// constraints (then no counter counts any pod).
+    label_set: Vec<usize>,
     /// What one new node of each group looks like.
     templates: Vec<Template>,
 }
@@ -604,9 +610,14 @@ impl<'a> Context<'a> {
             .collect();
         let mut unschedulable = Vec::new();
         let mut carrying = Vec::new();
+        let mut label_sets = LabelSets::default();
+        let mut label_set: Vec<usize> = Vec::new();
+        // Label sets are taken from the first pod with constraints on, the pods before it
+        // caught up then: a snapshot without any pays nothing for them.
+        let mut interning = false;
         for (i, p) in snap.pods.iter().enumerate() {
             if p.unschedulable {
-                unschedulable.push(p);
+                unschedulable.push(i);
             }
             if p.constraints
                 .as_ref()
@@ -616,6 +627,16 @@ impl<'a> Context<'a> {
             }
             let ni = p.node.as_deref().and_then(|n| node_index.get(n));
             node_of.push(ni);
+            if !interning && p.constraints.is_some() {
+                interning = true;
+                label_set.reserve(snap.pods.len());
+                for q in &snap.pods[..i] {
+                    label_set.push(label_sets.id((q.namespace.as_str(), &q.labels)));
+                }
+            }
+            if interning {
+                label_set.push(label_sets.id((p.namespace.as_str(), &p.labels)));
+            }
             let Some(ni) = ni else { continue };
             pods_from[ni + 1] += 1;
             let u = &mut usage[ni];
@@ -666,6 +687,8 @@ impl<'a> Context<'a> {
             usage,
             unschedulable,
             carrying,
+            label_sets,
+            label_set,
             templates: Vec::new(),
         };
         cx.templates = s.groups.iter().map(|g| template(g, &cx)).collect();
@@ -888,15 +911,21 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
         });
         bin_group.push(Some(gi));
     }
-    let mut pending: Vec<&PodView> = cx.unschedulable.clone();
+    let mut pending: Vec<usize> = cx.unschedulable.clone();
     // Largest first (FFD), then by `namespace/name`, built once per pod rather than per
     // comparison: most pending pods request alike.
-    pending.sort_by_cached_key(|p| {
+    pending.sort_by_cached_key(|&i| {
+        let p = &snap.pods[i];
         (
             std::cmp::Reverse((p.requests.cpu_milli, p.requests.memory)),
             p.key(),
         )
     });
+    let pending_sets: Vec<usize> = pending
+        .iter()
+        .filter_map(|&i| cx.label_set.get(i).copied())
+        .collect();
+    let pending: Vec<&PodView> = pending.iter().map(|&i| &snap.pods[i]).collect();
     let machine_of: Vec<Option<usize>> = bins
         .iter()
         .zip(bin_group.iter())
@@ -912,14 +941,20 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
         .collect();
     let template_labels: Vec<&BTreeMap<String, String>> =
         templates.iter().map(|t| &t.labels).collect();
+    let pods = Pods {
+        all: &snap.pods,
+        node_of: &cx.node_of,
+        carrying: &cx.carrying,
+        sets: cx.label_sets.sets(),
+        set_of: &cx.label_set,
+    };
     let mut topo = Topology::new(
         &snap.nodes,
-        &snap.pods,
-        &cx.node_of,
-        &cx.carrying,
+        &pods,
         &sites,
         &template_labels,
         &pending,
+        &pending_sets,
     );
     let mut classes = BinClasses::new(bins, startup_free.as_slice());
     // Pending pods (by index in `pending`) that fit no bin.
@@ -987,6 +1022,32 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
     let mut remaining: Vec<bool> = vec![true; unplaced.len()];
     // Pods a group's new node would take but for pod (anti-)affinity or topology spread.
     let mut blocked: Vec<Vec<bool>> = vec![vec![false; unplaced.len()]; templates.len()];
+    // Per group, the least CPU, memory and pods its candidates from each position on request:
+    // once a trial is out of room and no new node has that much left, none of them fits.
+    let floors: Vec<Vec<Resources>> = candidates
+        .iter()
+        .map(|list| {
+            let mut floor = vec![
+                Resources {
+                    cpu_milli: i64::MAX,
+                    memory: i64::MAX,
+                    pods: i64::MAX,
+                    ..Resources::default()
+                };
+                list.len() + 1
+            ];
+            for (k, &pi) in list.iter().enumerate().rev() {
+                let (r, next) = (&unplaced[pi].requests, &floor[k + 1]);
+                floor[k] = Resources {
+                    cpu_milli: r.cpu_milli.min(next.cpu_milli),
+                    memory: r.memory.min(next.memory),
+                    pods: r.pods.min(next.pods),
+                    ..Resources::default()
+                };
+            }
+            floor
+        })
+        .collect();
     // Seeded only when the random expander first draws: hashing 10,000 UIDs byte by byte is
     // not free, and the other expanders never draw.
     let mut rng: Option<SplitMix> = None;
@@ -1004,7 +1065,10 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
             let mut placed = Vec::new();
             let mut on_node = Vec::new();
             let mut requested = Resources::default();
-            for &pi in &candidates[gi] {
+            for (k, &pi) in candidates[gi].iter().enumerate() {
+                if nodes.len() as u32 >= room && !fit.may_take(&floors[gi][k]) {
+                    break;
+                }
                 let (p, qi) = (unplaced[pi], unplaced_q[pi]);
                 if !remaining[pi] {
                     continue;
@@ -1480,6 +1544,7 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
 }
 
 mod first_fit;
+mod label_sets;
 mod node_index;
 #[cfg(test)]
 mod tests;

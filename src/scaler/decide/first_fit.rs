@@ -82,6 +82,16 @@ impl FirstFit {
         self.descend(1, 0, self.width, from, need)
     }
 
+    /// Whether some place has as much free CPU as `need`, some as much memory and some as many
+    /// pod slots. When not, [`first`](Self::first) finds no place for `need`, nor for any
+    /// request at least as large in all three.
+    pub(super) fn may_take(&self, need: &Resources) -> bool {
+        self.len > 0
+            && self.cpu[1] >= need.cpu_milli
+            && self.memory[1] >= need.memory
+            && self.pods[1] >= need.pods
+    }
+
     /// The first place that may take `need` (as far as the tree knows) and that `probe`
     /// takes, in place order; `probe` may skip a place or end the search.
     pub(super) fn first_where(
@@ -153,6 +163,54 @@ mod tests {
         assert_eq!(t.first(0, &r(1000)), Some(4));
         assert_eq!(t.first(5, &r(1)), None);
         assert_eq!(FirstFit::default().first(0, &r(1)), None);
+    }
+
+    /// `may_take` answers what the largest free CPU, memory and pods over the places answer,
+    /// and when it says no, `first` finds nothing.
+    #[test]
+    fn may_take_is_the_largest_free_room_per_resource() {
+        let place = |cpu_milli, memory, pods| Resources {
+            cpu_milli,
+            memory,
+            pods,
+            ..Resources::default()
+        };
+        let mut t = FirstFit::default();
+        let mut places = Vec::new();
+        let needs = [
+            place(0, 0, 0),
+            place(300, 2, 1),
+            place(500, 1, 1),
+            place(100, 9, 1),
+            place(100, 1, 4),
+            place(900, 9, 9),
+        ];
+        let check = |t: &FirstFit, places: &[Resources]| {
+            for need in &needs {
+                let want = places.iter().any(|p| p.cpu_milli >= need.cpu_milli)
+                    && places.iter().any(|p| p.memory >= need.memory)
+                    && places.iter().any(|p| p.pods >= need.pods);
+                assert_eq!(t.may_take(need), want, "{need:?} in {places:?}");
+                if !want {
+                    assert_eq!(t.first(0, need), None);
+                }
+            }
+        };
+        check(&t, &places);
+        for p in [place(400, 1, 3), place(200, 8, 1), place(600, 2, 2)] {
+            t.push(&p);
+            places.push(p);
+            check(&t, &places);
+        }
+        for (i, p) in [
+            (2, place(0, 0, 0)),
+            (0, place(100, 1, 1)),
+            (1, place(50, 9, 5)),
+        ] {
+            t.set(i, &p);
+            places[i] = p;
+            check(&t, &places);
+        }
     }
 
     #[test]

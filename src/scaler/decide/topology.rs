@@ -25,8 +25,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::label_sets::LabelSet;
 use super::{selector_selects, selects};
-use crate::scaler::model::{Namespaces, NodeView, PodView, Requirement, SelectorView};
+use crate::scaler::model::{Namespaces, NodeView, PodTermView, PodView, Requirement, SelectorView};
 
 /// The label that makes every node its own domain.
 pub(super) const HOSTNAME: &str = "kubernetes.io/hostname";
@@ -43,6 +44,21 @@ pub(super) enum Place {
         /// Its `kubernetes.io/hostname` domain.
         host: u32,
     },
+}
+
+/// The snapshot's pods as the index needs them.
+pub(super) struct Pods<'a> {
+    /// Every pod of the snapshot.
+    pub all: &'a [PodView],
+    /// Per pod, the index of the node it is bound to (`None`: unbound, or its node is not
+    /// listed).
+    pub node_of: &'a [Option<usize>],
+    /// The pods that carry pod anti-affinity, by index in `all`, in order.
+    pub carrying: &'a [usize],
+    /// The pods' distinct namespaces and label sets.
+    pub sets: &'a [LabelSet<'a>],
+    /// Per pod, its index in `sets`; may be empty when no pod has inter-pod constraints.
+    pub set_of: &'a [usize],
 }
 
 /// A bin as the index needs it.
@@ -62,11 +78,17 @@ struct Matcher {
 }
 
 impl Matcher {
-    fn selects(&self, p: &PodView) -> bool {
-        self.selector.as_ref().is_some_and(|s| {
-            self.namespaces.contain(&p.namespace) && selector_selects(s, &p.labels)
-        })
+    /// Whether it counts the pods of namespace `ns` with `labels`.
+    fn selects(&self, (ns, labels): LabelSet<'_>) -> bool {
+        self.selector
+            .as_ref()
+            .is_some_and(|s| self.namespaces.contain(ns) && selector_selects(s, labels))
     }
+}
+
+/// A pod's namespace and labels.
+fn set_of(p: &PodView) -> LabelSet<'_> {
+    (&p.namespace, &p.labels)
 }
 
 /// Pods per domain of one topology key.
@@ -184,21 +206,19 @@ fn intern<T: PartialEq + Eq + std::hash::Hash + Clone>(
 }
 
 impl Topology {
-    /// Indexes the constraints of `pending` against the pods bound to `nodes` (`node_of`: each
-    /// pod's node index, `None` when unbound), the packing's bins and the groups' template
-    /// labels. `carrying` lists, in order, the pods (by index in `pods`) that carry pod
-    /// anti-affinity, found when the caller read the pods: a pass over 150,000 pods for the few
-    /// that have any cost a cache miss per pod. The pods are read once more, in their order, for
-    /// the counters that count them: walking them node by node cost more in cache misses than
-    /// the matching itself.
-    pub(super) fn new<'p>(
+    /// Indexes the constraints of `pending` (`pending_sets`: each one's label set in
+    /// `pods.sets`) against the pods bound to `nodes`, the packing's bins and the groups'
+    /// template labels. The caller found the pods that carry anti-affinity and each pod's label
+    /// set when it read the pods: a pass over 150,000 pods of its own costs a cache miss or more
+    /// per pod. The counters are matched once per label set, then bumped per pod from the
+    /// pods' nodes and sets alone, without reading the pods again.
+    pub(super) fn new(
         nodes: &[NodeView],
-        pods: &'p [PodView],
-        node_of: &[Option<usize>],
-        carrying: &[usize],
+        pods: &Pods<'_>,
         bins: &[BinSite<'_>],
         templates: &[&BTreeMap<String, String>],
-        pending: &[&'p PodView],
+        pending: &[&PodView],
+        pending_sets: &[usize],
     ) -> Self {
         let mut t = Self {
             keys: vec![HOSTNAME.to_string()],
@@ -283,7 +303,7 @@ impl Topology {
             needs.self_affine = needs
                 .affinity
                 .iter()
-                .all(|&ci| t.counters[ci].matcher.selects(p));
+                .all(|&ci| t.counters[ci].matcher.selects(set_of(p)));
             for term in &c.anti_affinity {
                 let key = key_of(&mut t, &term.topology_key);
                 let m = Matcher {
@@ -304,7 +324,7 @@ impl Topology {
                     selector: sc.selector.clone(),
                 };
                 let ci = counter(&mut t, &mut counter_index, false, m, key);
-                let self_match = t.counters[ci].matcher.selects(p);
+                let self_match = t.counters[ci].matcher.selects(set_of(p));
                 let si = intern(
                     &mut spread_index,
                     (
@@ -332,24 +352,29 @@ impl Topology {
             }
             t.needs[qi] = needs;
         }
-        let running = || {
-            pods.iter()
-                .zip(node_of)
-                .filter_map(|(p, &ni)| Some((ni.filter(|&ni| ni < nodes.len())?, p)))
-        };
         let mut running_carriers: Vec<(usize, usize)> = Vec::new();
-        let carrying = carrying.iter().filter_map(|&i| {
-            let ni = node_of.get(i).copied().flatten()?;
-            Some((ni, pods.get(i)?)).filter(|_| ni < nodes.len())
+        let carrying = pods.carrying.iter().filter_map(|&i| {
+            let ni = pods.node_of.get(i).copied().flatten()?;
+            Some((ni, pods.all.get(i)?)).filter(|_| ni < nodes.len())
         });
+        // The carried terms' counters by term: the replicas of a workload carry the same terms,
+        // and finding a counter by its `Matcher` first clones the term into one.
+        let mut carried: HashMap<&PodTermView, usize> = HashMap::new();
         for (ni, p) in carrying {
             for term in p.constraints.iter().flat_map(|c| &c.anti_affinity) {
-                let key = key_of(&mut t, &term.topology_key);
-                let m = Matcher {
-                    namespaces: term.namespaces.clone(),
-                    selector: term.selector.clone(),
+                let ci = match carried.get(term) {
+                    Some(&ci) => ci,
+                    None => {
+                        let key = key_of(&mut t, &term.topology_key);
+                        let m = Matcher {
+                            namespaces: term.namespaces.clone(),
+                            selector: term.selector.clone(),
+                        };
+                        let ci = counter(&mut t, &mut carrier_index, true, m, key);
+                        carried.insert(term, ci);
+                        ci
+                    }
                 };
-                let ci = counter(&mut t, &mut carrier_index, true, m, key);
                 running_carriers.push((ni, ci));
             }
         }
@@ -378,32 +403,30 @@ impl Topology {
             t.group_domains.push(d);
         }
 
-        // Which counters count each pod, and whose carried anti-affinity selects it. Pods of one
-        // workload share namespace and labels: match them once.
-        /// The counters that count a pod, and the carriers whose anti-affinity selects it.
-        type Matches = (Vec<usize>, Vec<usize>);
-        let mut by_labels: HashMap<(&str, &BTreeMap<String, String>), usize> = HashMap::new();
-        let mut sets: Vec<Matches> = Vec::new();
+        // Which counters count the pods of each label set, and whose carried anti-affinity
+        // selects them: matched once per set, as the pods of one workload share one.
         let (counters, carriers) = (&t.counters, &t.carriers);
         let (counters_by_label, carriers_by_label) =
             (ByLabel::new(counters), ByLabel::new(carriers));
-        let mut matches = |p: &'p PodView| -> usize {
-            *by_labels
-                .entry((p.namespace.as_str(), &p.labels))
-                .or_insert_with(|| {
-                    sets.push((
-                        counters_by_label.selecting(counters, p),
-                        carriers_by_label.selecting(carriers, p),
-                    ));
-                    sets.len() - 1
-                })
-        };
-        let running: Vec<(usize, usize)> = running().map(|(ni, p)| (ni, matches(p))).collect();
-        let pending_matches: Vec<usize> = pending.iter().map(|p| matches(p)).collect();
-        for (ni, m) in running {
-            for &ci in &sets[m].0 {
+        let matches: Vec<(Vec<usize>, Vec<usize>)> = pods
+            .sets
+            .iter()
+            .map(|&set| {
+                (
+                    counters_by_label.selecting(counters, set),
+                    carriers_by_label.selecting(carriers, set),
+                )
+            })
+            .collect();
+        for (&ni, &m) in pods.node_of.iter().zip(pods.set_of) {
+            let (Some(domains), Some((counted_by, _))) =
+                (ni.and_then(|ni| node_domains.get(ni)), matches.get(m))
+            else {
+                continue;
+            };
+            for &ci in counted_by {
                 let c = &mut t.counters[ci];
-                if let Some(d) = node_domains[ni][c.key] {
+                if let Some(d) = domains[c.key] {
                     bump(c, d);
                 }
             }
@@ -414,8 +437,10 @@ impl Topology {
                 bump(c, d);
             }
         }
-        for (needs, m) in t.needs.iter_mut().zip(pending_matches) {
-            (needs.counted_by, needs.hit_by) = sets[m].clone();
+        for (needs, &m) in t.needs.iter_mut().zip(pending_sets) {
+            if let Some(m) = matches.get(m) {
+                (needs.counted_by, needs.hit_by) = m.clone();
+            }
         }
 
         // Spread: the eligible domains of the existing nodes, and whether each group's new
@@ -733,17 +758,18 @@ impl<'c> ByLabel<'c> {
         Self { required, others }
     }
 
-    /// The counters of `list` (the list this was built from) that select `p`, ascending.
-    fn selecting(&self, list: &[Counter], p: &PodView) -> Vec<usize> {
+    /// The counters of `list` (the list this was built from) that select the pods of `set`,
+    /// ascending.
+    fn selecting(&self, list: &[Counter], set: LabelSet<'_>) -> Vec<usize> {
         let mut out: Vec<usize> = self.others.clone();
         if !self.required.is_empty() {
-            for (k, v) in &p.labels {
+            for (k, v) in set.1 {
                 if let Some(l) = self.required.get(&(k.as_str(), v.as_str())) {
                     out.extend_from_slice(l);
                 }
             }
         }
-        out.retain(|&i| list[i].matcher.selects(p));
+        out.retain(|&i| list[i].matcher.selects(set));
         out.sort_unstable();
         out
     }
@@ -899,9 +925,9 @@ mod tests {
                 p.namespace = ns.into();
                 p.labels = l.clone();
                 let want: Vec<usize> = (0..list.len())
-                    .filter(|&i| list[i].matcher.selects(&p))
+                    .filter(|&i| list[i].matcher.selects(set_of(&p)))
                     .collect();
-                assert_eq!(index.selecting(&list, &p), want, "{ns} {l:?}");
+                assert_eq!(index.selecting(&list, set_of(&p)), want, "{ns} {l:?}");
             }
         }
     }
@@ -938,7 +964,15 @@ mod tests {
             machine_of: Some(g),
         }))
         .collect();
-        let mut t = Topology::new(&nodes, &[], &[], &[], &bins, &template_refs, &pending);
+        let sets = [set_of(&pods[0])];
+        let running = Pods {
+            all: &[],
+            node_of: &[],
+            carrying: &[],
+            sets: &sets,
+            set_of: &[],
+        };
+        let mut t = Topology::new(&nodes, &running, &bins, &template_refs, &pending, &[0]);
         assert_eq!(t.spreads.len(), 2);
         let mark = t.mark();
         let initial = eligible(&t);
