@@ -45,6 +45,8 @@ pub enum AgentSays {
     Draining,
     /// The agent drained for this shutdown, with this outcome.
     Done(Option<ShutdownOutcome>),
+    /// The agent stopped draining without an outcome: the shutdown was cancelled.
+    Cancelled,
     /// The agent was draining for a shutdown and is gone: the shutdown is underway, and the
     /// drain is the unit's.
     Died,
@@ -64,34 +66,34 @@ pub fn agent_says(agent: Option<&Status>, alive: impl FnOnce(u32) -> bool) -> Ag
     }
 }
 
-/// After waiting while the agent with `pid` drained: what the status file says now.
+/// While waiting for the agent with `pid`, which was draining: what the status file says now.
 /// An agent back to any other phase under the same pid saw the shutdown cancelled; a new pid
 /// means the draining agent died (and was started again).
 pub fn after_waiting(pid: u32, now: Option<&Status>, alive: impl FnOnce(u32) -> bool) -> AgentSays {
     match agent_says(now, alive) {
-        AgentSays::Nothing if now.is_some_and(|st| st.pid == pid) => AgentSays::Nothing,
+        AgentSays::Nothing if now.is_some_and(|st| st.pid == pid) => AgentSays::Cancelled,
         AgentSays::Nothing => AgentSays::Died,
         says => says,
     }
 }
 
-/// Decides what the unit does when systemd stops it for a shutdown of `kind` and the agent has
-/// not handled it.
+/// Decides what the unit does, from what the agent says and — when the agent has not handled
+/// the shutdown — the kind of shutdown systemd performs.
 pub fn unit_action(agent: &AgentSays, kind: ShutdownKind, s: &ShutdownSettings) -> UnitAction {
     match agent {
         AgentSays::Done(outcome) => UnitAction::AgentDone(outcome.clone()),
+        AgentSays::Cancelled => UnitAction::Cancelled,
         _ => UnitAction::Apply(kind, logind::policy_for(kind, s)),
     }
 }
 
 /// At a system shutdown, what `nodeward drain` (the unit's ExecStop) does instead of a full
-/// drain; `None` outside a shutdown (an operator's `systemctl stop nodeward-drain`). Asking
-/// systemd takes at most [`crate::systemd::TIMEOUT`] in all, and only when the agent's status
-/// does not already tell.
+/// drain; `None` outside a shutdown (an operator's `systemctl stop nodeward-drain`). systemd is
+/// asked only when the agent's status does not already tell, and only over one connection
+/// within [`crate::systemd::TIMEOUT`] in all.
 pub async fn for_this_shutdown(settings: &crate::config::Settings) -> Option<UnitAction> {
     let path = &settings.agent.status_file;
-    let read = || crate::agent::status::read(path).ok();
-    let agent = read();
+    let agent = crate::agent::status::read(path).ok();
     let says = match agent_says(agent.as_ref(), crate::agent::status::alive) {
         AgentSays::Draining => {
             let pid = agent.as_ref().map_or(0, |st| st.pid);
@@ -99,46 +101,47 @@ pub async fn for_this_shutdown(settings: &crate::config::Settings) -> Option<Uni
                 pid,
                 "the agent drains for this shutdown; waiting for its outcome"
             );
-            let now = wait_for_agent(path, pid).await;
-            after_waiting(pid, now.as_ref(), crate::agent::status::alive)
+            wait_for_agent(path, pid).await
         }
         says => says,
     };
-    let until = Instant::now() + crate::systemd::TIMEOUT;
-    match says {
-        AgentSays::Done(outcome) => Some(UnitAction::AgentDone(outcome)),
-        AgentSays::Nothing if agent.as_ref().is_some_and(|st| st.phase == Phase::Draining) => {
-            Some(UnitAction::Cancelled)
-        }
+    let kind = match says {
+        AgentSays::Done(_) | AgentSays::Cancelled => ShutdownKind::Unknown,
         AgentSays::Died => {
             warn!("the agent died while it drained for this shutdown; the drain is this unit's");
-            let kind = ask(until, |sd| async move { sd.kind().await }).await;
-            let kind = kind.unwrap_or(ShutdownKind::Unknown);
-            Some(unit_action(&says, kind, &settings.shutdown))
+            shutdown_kind(true).await?
         }
-        AgentSays::Nothing | AgentSays::Draining => {
-            let stopping = ask(until, |sd| async move { sd.stopping().await }).await;
-            if stopping != Some(true) {
-                return None;
-            }
-            let kind = ask(until, |sd| async move { sd.kind().await }).await;
-            let kind = kind.unwrap_or(ShutdownKind::Unknown);
-            Some(unit_action(&says, kind, &settings.shutdown))
-        }
-    }
+        AgentSays::Nothing | AgentSays::Draining => shutdown_kind(false).await?,
+    };
+    Some(unit_action(&says, kind, &settings.shutdown))
 }
 
-/// One question to systemd, answered by `until`; `None` when there is no answer.
-async fn ask<T, F, Fut>(until: Instant, question: F) -> Option<T>
-where
-    F: FnOnce(Systemd) -> Fut,
-    Fut: std::future::Future<Output = zbus::Result<T>>,
-{
-    let asked = async {
-        let sd = Systemd::connect().await?;
-        question(sd).await
+/// The kind of shutdown systemd performs (from its job queue; `Unknown` without an answer), or
+/// `None` when it is not shutting down or cannot say so. With `stopping` already known (the
+/// agent said a shutdown was underway), only the job queue is asked.
+async fn shutdown_kind(stopping: bool) -> Option<ShutdownKind> {
+    let until = Instant::now() + crate::systemd::TIMEOUT;
+    let systemd = answer(until, Systemd::connect()).await;
+    let stopping = match &systemd {
+        Some(sd) if !stopping => answer(until, sd.stopping()).await == Some(true),
+        _ => stopping,
     };
-    match tokio::time::timeout_at(until, asked).await {
+    if !stopping {
+        return None;
+    }
+    let kind = match &systemd {
+        Some(sd) => answer(until, sd.kind()).await,
+        None => None,
+    };
+    Some(kind.unwrap_or(ShutdownKind::Unknown))
+}
+
+/// systemd's answer by `until`; `None` (logged) when there is none.
+async fn answer<T>(
+    until: Instant,
+    question: impl std::future::Future<Output = zbus::Result<T>>,
+) -> Option<T> {
+    match tokio::time::timeout_at(until, question).await {
         Ok(Ok(t)) => Some(t),
         Ok(Err(e)) => {
             warn!(error = %e, "cannot ask systemd");
@@ -151,10 +154,10 @@ where
     }
 }
 
-/// Waits until the status file no longer says that the agent with `pid` drains (its outcome, a
-/// cancelled shutdown, or its death); returns the status then. Woken by inotify on the file's
-/// directory, and every [`AGENT_CHECK`] to see whether the agent still runs.
-async fn wait_for_agent(path: &Path, pid: u32) -> Option<Status> {
+/// Waits while the status file says that the agent with `pid` drains; returns what it says then
+/// ([`after_waiting`]: its outcome, a cancelled shutdown, or its death). Woken by inotify on the
+/// file's directory, and every [`AGENT_CHECK`] to see whether the agent still runs.
+async fn wait_for_agent(path: &Path, pid: u32) -> AgentSays {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let watch = crate::gate::watch::FileWatcher::new(vec![path.to_path_buf()], tx);
     if let Err(e) = &watch {
@@ -162,9 +165,9 @@ async fn wait_for_agent(path: &Path, pid: u32) -> Option<Status> {
     }
     loop {
         let now = crate::agent::status::read(path).ok();
-        let says = agent_says(now.as_ref(), crate::agent::status::alive);
+        let says = after_waiting(pid, now.as_ref(), crate::agent::status::alive);
         if says != AgentSays::Draining || now.as_ref().is_some_and(|st| st.pid != pid) {
-            return now;
+            return says;
         }
         tokio::select! {
             Some(()) = rx.recv() => {}
@@ -226,7 +229,7 @@ mod tests {
     fn after_waiting_a_new_agent_means_the_draining_one_died() {
         let alive = |_| true;
         let ready = status(7, Phase::Ready);
-        assert_eq!(after_waiting(7, Some(&ready), alive), AgentSays::Nothing);
+        assert_eq!(after_waiting(7, Some(&ready), alive), AgentSays::Cancelled);
         let restarted = status(8, Phase::Booting);
         assert_eq!(after_waiting(7, Some(&restarted), alive), AgentSays::Died);
         assert_eq!(after_waiting(7, None, alive), AgentSays::Died);
@@ -248,6 +251,11 @@ mod tests {
                 AgentSays::Done(None),
                 ShutdownKind::PowerOff,
                 UnitAction::AgentDone(None),
+            ),
+            (
+                AgentSays::Cancelled,
+                ShutdownKind::Unknown,
+                UnitAction::Cancelled,
             ),
             (
                 AgentSays::Nothing,
