@@ -239,7 +239,7 @@ pub fn budget_view(b: &PodDisruptionBudget) -> BudgetView {
 }
 
 /// A toleration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TolerationView {
     /// Key; empty with `Exists` tolerates everything.
     pub key: String,

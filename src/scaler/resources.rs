@@ -46,7 +46,7 @@ pub fn parse_units(s: &str) -> Option<i64> {
 }
 
 /// Resources a pod requests or a node offers.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Resources {
     /// CPU in millicores.
     pub cpu_milli: i64,

@@ -17,15 +17,25 @@ pub(super) enum Probe {
     Stop,
 }
 
-/// Largest free CPU, memory and pods per branch; leaves past `len` hold `i64::MIN`.
+/// Largest free CPU, memory and pods per branch, the three side by side so a step of a search
+/// reads one cache line; leaves past `len` hold `i64::MIN`.
 #[derive(Debug, Clone, Default)]
 pub(super) struct FirstFit {
     /// Leaves (a power of two, or 0).
     width: usize,
     len: usize,
-    cpu: Vec<i64>,
-    memory: Vec<i64>,
-    pods: Vec<i64>,
+    /// `[cpu, memory, pods]` per tree node, the root at 1.
+    room: Vec<[i64; 3]>,
+}
+
+/// What a place has, or a pod needs, as the tree compares it.
+fn key(r: &Resources) -> [i64; 3] {
+    [r.cpu_milli, r.memory, r.pods]
+}
+
+/// Whether `room` holds `need` in all three.
+fn holds(room: &[i64; 3], need: &[i64; 3]) -> bool {
+    room[0] >= need[0] && room[1] >= need[1] && room[2] >= need[2]
 }
 
 impl FirstFit {
@@ -35,18 +45,11 @@ impl FirstFit {
             let width = (self.width * 2).max(1);
             let mut grown = Self {
                 width,
-                len: 0,
-                cpu: vec![i64::MIN; 2 * width],
-                memory: vec![i64::MIN; 2 * width],
-                pods: vec![i64::MIN; 2 * width],
+                len: self.len,
+                room: vec![[i64::MIN; 3]; 2 * width],
             };
-            for i in 0..self.len {
-                let leaf = self.width + i;
-                grown.cpu[width + i] = self.cpu[leaf];
-                grown.memory[width + i] = self.memory[leaf];
-                grown.pods[width + i] = self.pods[leaf];
-            }
-            grown.len = self.len;
+            grown.room[width..width + self.len]
+                .copy_from_slice(&self.room[self.width..self.width + self.len]);
             for i in (1..width).rev() {
                 grown.pull(i);
             }
@@ -59,9 +62,7 @@ impl FirstFit {
     /// Place `i` now has `free`.
     pub(super) fn set(&mut self, i: usize, free: &Resources) {
         let mut at = self.width + i;
-        self.cpu[at] = free.cpu_milli;
-        self.memory[at] = free.memory;
-        self.pods[at] = free.pods;
+        self.room[at] = key(free);
         while at > 1 {
             at /= 2;
             self.pull(at);
@@ -69,9 +70,8 @@ impl FirstFit {
     }
 
     fn pull(&mut self, i: usize) {
-        self.cpu[i] = self.cpu[2 * i].max(self.cpu[2 * i + 1]);
-        self.memory[i] = self.memory[2 * i].max(self.memory[2 * i + 1]);
-        self.pods[i] = self.pods[2 * i].max(self.pods[2 * i + 1]);
+        let (l, r) = (self.room[2 * i], self.room[2 * i + 1]);
+        self.room[i] = [l[0].max(r[0]), l[1].max(r[1]), l[2].max(r[2])];
     }
 
     /// The first place at or after `from` whose free CPU, memory and pods may take `need`.
@@ -79,17 +79,36 @@ impl FirstFit {
         if from >= self.len {
             return None;
         }
-        self.descend(1, 0, self.width, from, need)
+        let need = key(need);
+        if from > 0 {
+            return self.descend(1, 0, self.width, from, &need);
+        }
+        // From the first place on: down the leftmost branch that may hold `need`, one step a
+        // level. A branch passed over on the left holds no such place, so a leaf reached this way
+        // is the first. The three maxima of a branch may come from different places, though:
+        // where neither child holds all three, the search backtracks as from any other place.
+        if !holds(&self.room[1], &need) {
+            return None;
+        }
+        let mut at = 1;
+        while at < self.width {
+            let left = 2 * at;
+            if holds(&self.room[left], &need) {
+                at = left;
+            } else if holds(&self.room[left + 1], &need) {
+                at = left + 1;
+            } else {
+                return self.descend(1, 0, self.width, 0, &need);
+            }
+        }
+        Some(at - self.width)
     }
 
     /// Whether some place has as much free CPU as `need`, some as much memory and some as many
     /// pod slots. When not, [`first`](Self::first) finds no place for `need`, nor for any
     /// request at least as large in all three.
     pub(super) fn may_take(&self, need: &Resources) -> bool {
-        self.len > 0
-            && self.cpu[1] >= need.cpu_milli
-            && self.memory[1] >= need.memory
-            && self.pods[1] >= need.pods
+        self.len > 0 && holds(&self.room[1], &key(need))
     }
 
     /// The first place that may take `need` (as far as the tree knows) and that `probe`
@@ -116,13 +135,9 @@ impl FirstFit {
         lo: usize,
         hi: usize,
         from: usize,
-        need: &Resources,
+        need: &[i64; 3],
     ) -> Option<usize> {
-        if hi <= from
-            || self.cpu[at] < need.cpu_milli
-            || self.memory[at] < need.memory
-            || self.pods[at] < need.pods
-        {
+        if hi <= from || !holds(&self.room[at], need) {
             return None;
         }
         if hi - lo == 1 {
@@ -211,6 +226,29 @@ mod tests {
             places[i] = p;
             check(&t, &places);
         }
+    }
+
+    /// No single place holds all three of a request while each branch's maxima do, together:
+    /// the search passes them and finds the first place that does.
+    #[test]
+    fn first_passes_branches_whose_maxima_come_from_different_places() {
+        let place = |cpu_milli, memory| Resources {
+            cpu_milli,
+            memory,
+            pods: 1,
+            ..Resources::default()
+        };
+        let mut t = FirstFit::default();
+        for (cpu, memory) in [(900, 1), (100, 9), (900, 2), (200, 9), (600, 6), (900, 9)] {
+            t.push(&place(cpu, memory));
+        }
+        assert_eq!(t.first(0, &place(500, 5)), Some(4));
+        assert_eq!(t.first(0, &place(800, 8)), Some(5));
+        assert_eq!(t.first(0, &place(950, 1)), None);
+        t.set(5, &place(0, 0));
+        t.set(4, &place(500, 4));
+        assert_eq!(t.first(0, &place(500, 5)), None);
+        assert_eq!(t.first(0, &place(100, 9)), Some(1));
     }
 
     #[test]

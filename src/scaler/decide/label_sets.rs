@@ -4,7 +4,9 @@
 //! was a quarter of `decide`; the ids are taken in the pass that already reads each pod for its
 //! node, while its memory is at hand.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use super::FastMap;
 
 /// A pod's namespace and labels.
 pub(super) type LabelSet<'a> = (&'a str, &'a BTreeMap<String, String>);
@@ -13,7 +15,7 @@ pub(super) type LabelSet<'a> = (&'a str, &'a BTreeMap<String, String>);
 #[derive(Default)]
 pub(super) struct LabelSets<'a> {
     sets: Vec<LabelSet<'a>>,
-    ids: HashMap<LabelSet<'a>, usize>,
+    ids: FastMap<LabelSet<'a>, usize>,
 }
 
 impl<'a> LabelSets<'a> {

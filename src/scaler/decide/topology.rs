@@ -26,8 +26,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::label_sets::LabelSet;
-use super::{selector_selects, selects};
-use crate::scaler::model::{Namespaces, NodeView, PodTermView, PodView, Requirement, SelectorView};
+use super::{FastMap, selector_selects, selects};
+use crate::scaler::model::{
+    Namespaces, NodeView, PodTermView, PodView, Requirement, SelectorView, SpreadView,
+};
 
 /// The label that makes every node its own domain.
 pub(super) const HOSTNAME: &str = "kubernetes.io/hostname";
@@ -67,6 +69,8 @@ pub(super) struct BinSite<'a> {
     pub labels: &'a BTreeMap<String, String>,
     /// The group of a registering machine (its own hostname domain); `None` for a node.
     pub machine_of: Option<usize>,
+    /// A node's index in the nodes given with it, whose domains it shares.
+    pub node: Option<usize>,
 }
 
 /// Which pods a counter counts.
@@ -169,7 +173,7 @@ pub(super) struct Topology {
     /// Topology keys; `HOSTNAME` is key 0.
     keys: Vec<String>,
     /// Per key, domain value → id.
-    values: Vec<HashMap<String, u32>>,
+    values: Vec<FastMap<String, u32>>,
     /// Per key, the next free id.
     next: Vec<u32>,
     /// Per bin, its domain per key.
@@ -192,8 +196,8 @@ pub(super) struct Topology {
 }
 
 /// The index of `item`, added with `add` when it is new.
-fn intern<T: PartialEq + Eq + std::hash::Hash + Clone>(
-    index: &mut HashMap<T, usize>,
+fn intern<T: PartialEq + Eq + std::hash::Hash + Clone, S: std::hash::BuildHasher>(
+    index: &mut HashMap<T, usize, S>,
     item: T,
     add: impl FnOnce(T) -> usize,
 ) -> usize {
@@ -203,6 +207,91 @@ fn intern<T: PartialEq + Eq + std::hash::Hash + Clone>(
     let i = add(item.clone());
     index.insert(item, i);
     i
+}
+
+/// What [`Topology::new`] has interned so far: topology keys, counters by what they count, and
+/// the same counters by the term or spread constraint that asked for them. The replicas of a
+/// workload carry equal terms, and finding a counter by its [`Matcher`] first clones the term
+/// into one: a term seen before is found without that.
+#[derive(Default)]
+struct Interner<'p> {
+    keys: FastMap<String, usize>,
+    counters: FastMap<(Matcher, usize), usize>,
+    carriers: FastMap<(Matcher, usize), usize>,
+    /// (term, whether a carrier counter) → counter.
+    by_term: FastMap<(&'p PodTermView, bool), usize>,
+    /// (namespace, selector, topology key) of a spread constraint → counter.
+    by_spread: FastMap<(&'p str, &'p Option<SelectorView>, &'p str), usize>,
+}
+
+impl<'p> Interner<'p> {
+    fn key(&mut self, t: &mut Topology, k: &str) -> usize {
+        if let Some(&i) = self.keys.get(k) {
+            return i;
+        }
+        intern(&mut self.keys, k.to_string(), |k| {
+            t.keys.push(k);
+            t.values.push(FastMap::default());
+            t.next.push(0);
+            t.keys.len() - 1
+        })
+    }
+
+    fn counter(&mut self, t: &mut Topology, carrier: bool, m: Matcher, key: usize) -> usize {
+        let index = if carrier {
+            &mut self.carriers
+        } else {
+            &mut self.counters
+        };
+        intern(index, (m, key), |(matcher, key)| {
+            let list = if carrier {
+                &mut t.carriers
+            } else {
+                &mut t.counters
+            };
+            list.push(Counter {
+                matcher,
+                key,
+                counts: Vec::new(),
+                total: 0,
+            });
+            if !carrier {
+                t.spreads_of.push(Vec::new());
+            }
+            list.len() - 1
+        })
+    }
+
+    /// The counter (or, `carrier`, the carrier counter) of a pod (anti-)affinity term.
+    fn term(&mut self, t: &mut Topology, term: &'p PodTermView, carrier: bool) -> usize {
+        if let Some(&ci) = self.by_term.get(&(term, carrier)) {
+            return ci;
+        }
+        let key = self.key(t, &term.topology_key);
+        let m = Matcher {
+            namespaces: term.namespaces.clone(),
+            selector: term.selector.clone(),
+        };
+        let ci = self.counter(t, carrier, m, key);
+        self.by_term.insert((term, carrier), ci);
+        ci
+    }
+
+    /// The counter of a spread constraint of a pod in namespace `ns`.
+    fn spread(&mut self, t: &mut Topology, ns: &'p str, sc: &'p SpreadView) -> usize {
+        let at = (ns, &sc.selector, sc.topology_key.as_str());
+        if let Some(&ci) = self.by_spread.get(&at) {
+            return ci;
+        }
+        let key = self.key(t, &sc.topology_key);
+        let m = Matcher {
+            namespaces: Namespaces::Only(vec![ns.to_string()]),
+            selector: sc.selector.clone(),
+        };
+        let ci = self.counter(t, false, m, key);
+        self.by_spread.insert(at, ci);
+        ci
+    }
 }
 
 impl Topology {
@@ -222,7 +311,7 @@ impl Topology {
     ) -> Self {
         let mut t = Self {
             keys: vec![HOSTNAME.to_string()],
-            values: vec![HashMap::new()],
+            values: vec![FastMap::default()],
             next: vec![0],
             bin_domains: Vec::new(),
             group_domains: Vec::new(),
@@ -235,54 +324,17 @@ impl Topology {
             needs: vec![Needs::default(); pending.len()],
             journal: Vec::new(),
         };
-        let mut key_index: HashMap<String, usize> = HashMap::from([(HOSTNAME.to_string(), 0)]);
-        let mut counter_index: HashMap<(Matcher, usize), usize> = HashMap::new();
-        let mut carrier_index: HashMap<(Matcher, usize), usize> = HashMap::new();
+        let mut index = Interner::default();
+        index.keys.insert(HOSTNAME.to_string(), 0);
         type SpreadKey<'p> = (
             usize,
             bool,
             &'p BTreeMap<String, String>,
             &'p Vec<Vec<Requirement>>,
         );
-        let mut spread_index: HashMap<SpreadKey<'_>, usize> = HashMap::new();
+        let mut spread_index: FastMap<SpreadKey<'_>, usize> = FastMap::default();
         let mut spread_pod: Vec<&PodView> = Vec::new();
         let mut spread_ignore: Vec<bool> = Vec::new();
-
-        let mut key_of = |t: &mut Self, k: &str| -> usize {
-            if let Some(&i) = key_index.get(k) {
-                return i;
-            }
-            intern(&mut key_index, k.to_string(), |k| {
-                t.keys.push(k);
-                t.values.push(HashMap::new());
-                t.next.push(0);
-                t.keys.len() - 1
-            })
-        };
-        let counter = |t: &mut Self,
-                       index: &mut HashMap<(Matcher, usize), usize>,
-                       carrier: bool,
-                       m: Matcher,
-                       key: usize|
-         -> usize {
-            intern(index, (m, key), |(matcher, key)| {
-                let list = if carrier {
-                    &mut t.carriers
-                } else {
-                    &mut t.counters
-                };
-                list.push(Counter {
-                    matcher,
-                    key,
-                    counts: Vec::new(),
-                    total: 0,
-                });
-                if !carrier {
-                    t.spreads_of.push(Vec::new());
-                }
-                list.len() - 1
-            })
-        };
 
         // The pending pods' own terms, then the anti-affinity every running pod carries.
         for (qi, p) in pending.iter().enumerate() {
@@ -291,39 +343,18 @@ impl Topology {
             };
             let mut needs = Needs::default();
             for term in &c.affinity {
-                let key = key_of(&mut t, &term.topology_key);
-                let m = Matcher {
-                    namespaces: term.namespaces.clone(),
-                    selector: term.selector.clone(),
-                };
-                needs
-                    .affinity
-                    .push(counter(&mut t, &mut counter_index, false, m, key));
+                needs.affinity.push(index.term(&mut t, term, false));
             }
             needs.self_affine = needs
                 .affinity
                 .iter()
                 .all(|&ci| t.counters[ci].matcher.selects(set_of(p)));
             for term in &c.anti_affinity {
-                let key = key_of(&mut t, &term.topology_key);
-                let m = Matcher {
-                    namespaces: term.namespaces.clone(),
-                    selector: term.selector.clone(),
-                };
-                needs
-                    .anti
-                    .push(counter(&mut t, &mut counter_index, false, m.clone(), key));
-                needs
-                    .carries
-                    .push(counter(&mut t, &mut carrier_index, true, m, key));
+                needs.anti.push(index.term(&mut t, term, false));
+                needs.carries.push(index.term(&mut t, term, true));
             }
             for sc in &c.spread {
-                let key = key_of(&mut t, &sc.topology_key);
-                let m = Matcher {
-                    namespaces: Namespaces::Only(vec![p.namespace.clone()]),
-                    selector: sc.selector.clone(),
-                };
-                let ci = counter(&mut t, &mut counter_index, false, m, key);
+                let ci = index.spread(&mut t, &p.namespace, sc);
                 let self_match = t.counters[ci].matcher.selects(set_of(p));
                 let si = intern(
                     &mut spread_index,
@@ -357,31 +388,14 @@ impl Topology {
             let ni = pods.node_of.get(i).copied().flatten()?;
             Some((ni, pods.all.get(i)?)).filter(|_| ni < nodes.len())
         });
-        // The carried terms' counters by term: the replicas of a workload carry the same terms,
-        // and finding a counter by its `Matcher` first clones the term into one.
-        let mut carried: HashMap<&PodTermView, usize> = HashMap::new();
         for (ni, p) in carrying {
             for term in p.constraints.iter().flat_map(|c| &c.anti_affinity) {
-                let ci = match carried.get(term) {
-                    Some(&ci) => ci,
-                    None => {
-                        let key = key_of(&mut t, &term.topology_key);
-                        let m = Matcher {
-                            namespaces: term.namespaces.clone(),
-                            selector: term.selector.clone(),
-                        };
-                        let ci = counter(&mut t, &mut carrier_index, true, m, key);
-                        carried.insert(term, ci);
-                        ci
-                    }
-                };
-                running_carriers.push((ni, ci));
+                running_carriers.push((ni, index.term(&mut t, term, true)));
             }
         }
         if t.counters.is_empty() && t.carriers.is_empty() {
             return t;
         }
-
         // Domains: every node's, then the bins', then a new node's per group.
         let mut node_domains: Vec<Vec<Option<u32>>> = Vec::with_capacity(nodes.len());
         for n in nodes {
@@ -389,12 +403,13 @@ impl Topology {
             node_domains.push(d);
         }
         for b in bins {
-            let d = match b.machine_of {
-                Some(_) => {
+            let d = match (b.machine_of, b.node.and_then(|ni| node_domains.get(ni))) {
+                (Some(_), _) => {
                     let host = t.take_host();
                     t.domains_of(b.labels, Some(host))
                 }
-                None => t.domains_of(b.labels, None),
+                (None, Some(d)) => d.clone(),
+                (None, None) => t.domains_of(b.labels, None),
             };
             t.bin_domains.push(d);
         }
@@ -444,17 +459,37 @@ impl Topology {
         }
 
         // Spread: the eligible domains of the existing nodes, and whether each group's new
-        // nodes are eligible.
+        // nodes are eligible. For a pod that takes any node, every domain a node has: found
+        // once per key, not once per spread over all the nodes.
+        let mut every_domain: Vec<Option<Vec<u32>>> = vec![None; t.keys.len()];
         for (si, p) in spread_pod.iter().enumerate() {
             let key = t.counters[t.spreads[si].counter].key;
             // Without a node selector or affinity every node is eligible.
             let any =
                 spread_ignore[si] || (p.node_selector.is_empty() && p.affinity_terms.is_empty());
-            for (n, domains) in nodes.iter().zip(&node_domains) {
+            if any {
+                let list = every_domain[key].get_or_insert_with(|| {
+                    let mut seen = Vec::new();
+                    let mut list = Vec::new();
+                    for d in node_domains.iter().filter_map(|domains| domains[key]) {
+                        if !seen.get(d as usize).copied().unwrap_or(false) {
+                            set_flag(&mut seen, d, true);
+                            list.push(d);
+                        }
+                    }
+                    list
+                });
+                let s = &mut t.spreads[si];
+                for &d in list.iter() {
+                    set_flag(&mut s.eligible, d, true);
+                }
+                s.domains.extend_from_slice(list);
+            }
+            for (n, domains) in nodes.iter().zip(&node_domains).filter(|_| !any) {
                 let Some(d) = domains[key] else {
                     continue;
                 };
-                if any || selects(p, &n.labels, &n.name) {
+                if selects(p, &n.labels, &n.name) {
                     let s = &mut t.spreads[si];
                     if !s.eligible.get(d as usize).copied().unwrap_or(false) {
                         set_flag(&mut s.eligible, d, true);
@@ -958,10 +993,12 @@ mod tests {
         let bins: Vec<BinSite<'_>> = std::iter::once(BinSite {
             labels: &nodes[0].labels,
             machine_of: None,
+            node: Some(0),
         })
         .chain(templates.iter().enumerate().map(|(g, labels)| BinSite {
             labels,
             machine_of: Some(g),
+            node: None,
         }))
         .collect();
         let sets = [set_of(&pods[0])];
