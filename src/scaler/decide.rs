@@ -11,8 +11,9 @@
 //! topology spread — counted per topology domain by [`topology`]; a new node is its own hostname
 //! domain. Soft ones (preferred terms, `ScheduleAnyway`) are ignored: they never keep a pod
 //! pending. First fit uses per-class segment trees ([`first_fit`]) rather than a scan of every
-//! bin per pod. Scale-down simulates moving every pod of an under-used node onto the other nodes;
-//! the node is removed only after it stayed unneeded for `scale_down_unneeded_time`, a time kept
+//! bin per pod. Scale-down simulates moving every pod of an under-used node onto the other nodes,
+//! under the same hard inter-pod constraints, each pod counted at its new node and no longer at
+//! the one it leaves; the node is removed only after it stayed unneeded for `scale_down_unneeded_time`, a time kept
 //! in the node's annotation so a restarted scaler picks up where the last one stopped.
 //!
 //! [`decide`] runs five phases in order — `repair`, `scale_up`, `min_and_standby`, `cap_boots`,
@@ -582,10 +583,11 @@ struct Context<'a> {
     /// Per pod of `snap.pods`, the index of the node it is bound to (`None`: unbound, or its
     /// node is not listed).
     node_of: Vec<Option<usize>>,
-    /// The bound pods grouped by node index, in snapshot order within a node: node `i`'s are
-    /// `bound[pods_from[i]..pods_from[i + 1]]`. One list sized once, not a list per node grown
+    /// The bound pods (by index in `snap.pods`) grouped by node index, in snapshot order within
+    /// a node: node `i`'s are `bound[pods_from[i]..pods_from[i + 1]]`. One list sized once, not a
+    /// list per node grown
     /// pod by pod.
-    bound: Vec<&'a PodView>,
+    bound: Vec<usize>,
     pods_from: Vec<usize>,
     /// Per node index, what they take.
     usage: Vec<NodeUsage>,
@@ -660,14 +662,13 @@ impl<'a> Context<'a> {
         }
         // Filled from `node_of` alone: the pods themselves are not read again.
         let mut next = pods_from.clone();
-        let mut slots: Vec<Option<&PodView>> = vec![None; pods_from[snap.nodes.len()]];
-        for (p, ni) in snap.pods.iter().zip(&node_of) {
+        let mut bound: Vec<usize> = vec![0; pods_from[snap.nodes.len()]];
+        for (i, ni) in node_of.iter().enumerate() {
             if let Some(&ni) = ni.as_ref() {
-                slots[next[ni]] = Some(p);
+                bound[next[ni]] = i;
                 next[ni] += 1;
             }
         }
-        let bound: Vec<&PodView> = slots.into_iter().flatten().collect();
         let mut cx = Self {
             snap,
             now,
@@ -699,12 +700,31 @@ impl<'a> Context<'a> {
         cx
     }
 
-    /// The pods bound to the node named `n`.
-    fn pods_on(&self, n: &str) -> &[&'a PodView] {
+    /// The pods bound to the node named `n`, by index in `snap.pods`.
+    fn pod_ids_on(&self, n: &str) -> &[usize] {
         self.node_index
             .get(n)
             .and_then(|i| self.bound.get(self.pods_from[i]..self.pods_from[i + 1]))
             .unwrap_or_default()
+    }
+
+    /// The pods bound to the node named `n`.
+    fn pods_on(&self, n: &str) -> impl Iterator<Item = &'a PodView> + '_ {
+        let snap: &'a Snapshot = self.snap;
+        self.pod_ids_on(n)
+            .iter()
+            .filter_map(move |&i| snap.pods.get(i))
+    }
+
+    /// The snapshot's pods as the topology index reads them.
+    fn topology_pods(&self) -> Pods<'_> {
+        Pods {
+            all: &self.snap.pods,
+            node_of: &self.node_of,
+            carrying: &self.carrying,
+            sets: self.label_sets.sets(),
+            set_of: &self.label_set,
+        }
     }
 
     /// What the pods bound to the node named `n` take.
@@ -735,6 +755,8 @@ struct Plan<'a> {
     bin_group: Vec<Option<usize>>,
     /// Each node bin's lasting taints (what pods meet once it is up).
     startup_free: Vec<Vec<TaintView>>,
+    /// Each bin's node, by index in `snap.nodes` (`None`: a machine still registering).
+    bin_node: Vec<Option<usize>>,
 }
 
 impl Plan<'_> {
@@ -750,6 +772,7 @@ impl Plan<'_> {
             bins: Vec::new(),
             bin_group: Vec::new(),
             startup_free: Vec::new(),
+            bin_node: Vec::new(),
         }
     }
 }
@@ -859,6 +882,40 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
     }
 }
 
+/// The inter-pod constraints of `movers` (pods to place: pending ones, or those a scale-down
+/// would move; `sets`: each one's label set) indexed against the snapshot and the packing's
+/// bins.
+fn topology(
+    cx: &Context<'_>,
+    bins: &[Bin<'_>],
+    bin_group: &[Option<usize>],
+    bin_node: &[Option<usize>],
+    movers: &[&PodView],
+    sets: &[usize],
+) -> Topology {
+    let sites: Vec<BinSite<'_>> = bins
+        .iter()
+        .zip(bin_group)
+        .enumerate()
+        .map(|(i, (b, &g))| BinSite {
+            labels: b.labels,
+            // A registering machine is its own hostname domain.
+            machine_of: if b.name.is_empty() { g } else { None },
+            node: bin_node.get(i).copied().flatten(),
+        })
+        .collect();
+    let template_labels: Vec<&BTreeMap<String, String>> =
+        cx.templates.iter().map(|t| &t.labels).collect();
+    Topology::new(
+        &cx.snap.nodes,
+        &cx.topology_pods(),
+        &sites,
+        &template_labels,
+        movers,
+        sets,
+    )
+}
+
 /// Scale-up: pack the pending pods onto free room, booting nodes and registering machines, then
 /// onto new nodes of the groups the expander chooses; say why for each pod left over.
 fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
@@ -873,9 +930,8 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
         bins,
         bin_group,
         startup_free,
+        bin_node,
     } = plan;
-    // Each node bin's index in `snap.nodes`.
-    let mut bin_node: Vec<Option<usize>> = Vec::new();
     for (ni, n) in snap.nodes.iter().enumerate() {
         if repaired.contains(n.name.as_str()) || n.scale_down_in_progress {
             continue;
@@ -917,6 +973,7 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
             claimed: false,
         });
         bin_group.push(Some(gi));
+        bin_node.push(None);
     }
     let mut pending: Vec<usize> = cx.unschedulable.clone();
     // Largest first (FFD), then by namespace and name, compared in place: a `namespace/name`
@@ -934,38 +991,7 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
         .filter_map(|&i| cx.label_set.get(i).copied())
         .collect();
     let pending: Vec<&PodView> = pending.iter().map(|&i| &snap.pods[i]).collect();
-    let machine_of: Vec<Option<usize>> = bins
-        .iter()
-        .zip(bin_group.iter())
-        .map(|(b, &g)| if b.name.is_empty() { g } else { None })
-        .collect();
-    let sites: Vec<BinSite<'_>> = bins
-        .iter()
-        .zip(&machine_of)
-        .enumerate()
-        .map(|(i, (b, &machine_of))| BinSite {
-            labels: b.labels,
-            machine_of,
-            node: bin_node.get(i).copied().flatten(),
-        })
-        .collect();
-    let template_labels: Vec<&BTreeMap<String, String>> =
-        templates.iter().map(|t| &t.labels).collect();
-    let pods = Pods {
-        all: &snap.pods,
-        node_of: &cx.node_of,
-        carrying: &cx.carrying,
-        sets: cx.label_sets.sets(),
-        set_of: &cx.label_set,
-    };
-    let mut topo = Topology::new(
-        &snap.nodes,
-        &pods,
-        &sites,
-        &template_labels,
-        &pending,
-        &pending_sets,
-    );
+    let mut topo = topology(cx, bins, bin_group, bin_node, &pending, &pending_sets);
     let mut classes = BinClasses::new(bins, startup_free.as_slice());
     // Pending pods (by index in `pending`) that fit no bin.
     let mut unplaced_q: Vec<usize> = Vec::new();
@@ -1346,7 +1372,9 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
         repaired,
         planned,
         bins,
+        bin_group,
         startup_free,
+        bin_node,
         ..
     } = plan;
     let scaling_up = planned.iter().any(|&p| p > 0);
@@ -1375,7 +1403,8 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
         group: usize,
         machine: &'a MachineView,
         utilisation: f64,
-        movable: Vec<&'a PodView>,
+        /// The pods a drain would move, by index in `snap.pods`.
+        movable: Vec<usize>,
         /// One entry per evictable pod a budget selects: the disruptions its drain takes.
         disruptions: Vec<usize>,
     }
@@ -1432,20 +1461,25 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
             needed.push(n);
             continue;
         }
-        let pods = cx.pods_on(&n.name);
-        let movable: Vec<&PodView> = pods.iter().filter(|p| !p.daemon()).copied().collect();
+        let pods: Vec<&PodView> = cx.pods_on(&n.name).collect();
+        let movable: Vec<usize> = cx
+            .pod_ids_on(&n.name)
+            .iter()
+            .copied()
+            .filter(|&i| !snap.pods[i].daemon())
+            .collect();
         // A drain that failed here before, with the same pods under the same budgets, would
         // fail again: wait for something to change.
         if n.scale_down_failed.as_deref()
-            == Some(scale_down_fingerprint(pods, &snap.budgets).as_str())
+            == Some(scale_down_fingerprint(&pods, &snap.budgets).as_str())
         {
             needed.push(n);
             continue;
         }
         let mut disruptions = Vec::new();
         let mut evictable = true;
-        for p in &movable {
-            let of = budgets.of(p);
+        for &i in &movable {
+            let of = budgets.of(&snap.pods[i]);
             // The Eviction API refuses a pod that more than one budget selects.
             evictable &= of.len() <= 1;
             disruptions.extend(of);
@@ -1468,9 +1502,34 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
             .total_cmp(&b.utilisation)
             .then_with(|| a.node.name.cmp(&b.node.name))
     });
+    // Inter-pod constraints, counted as scale-up counts them, with the candidates' pods as the
+    // ones to place: each is lifted off the node it leaves before it is placed again. Only when
+    // some pod has constraints (then every pod has a label set).
+    let movers: Vec<usize> = candidates
+        .iter()
+        .flat_map(|c| c.movable.iter().copied())
+        .collect();
+    let mut topo = (!cx.label_set.is_empty() && !movers.is_empty()).then(|| {
+        let pods: Vec<&PodView> = movers.iter().map(|&i| &snap.pods[i]).collect();
+        let sets: Vec<usize> = movers
+            .iter()
+            .filter_map(|&i| cx.label_set.get(i).copied())
+            .collect();
+        topology(cx, bins, bin_group, bin_node, &pods, &sets)
+    });
+    let bin_of: HashMap<&str, usize> = bins
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| !b.name.is_empty())
+        .map(|(i, b)| (b.name, i))
+        .collect();
     let mut removed: std::collections::HashSet<&str> = std::collections::HashSet::new();
     let mut unneeded: Vec<&Candidate<'_>> = Vec::new();
+    // The candidates' movers are `movers` in order: this candidate's start here.
+    let mut first_mover = 0;
     for c in &candidates {
+        let first = first_mover;
+        first_mover += c.movable.len();
         // Every pod must be able to leave now: the budgets must allow all of this node's
         // evictions on top of those of the nodes already chosen in this pass.
         let mut need: BTreeMap<usize, i32> = BTreeMap::new();
@@ -1484,12 +1543,24 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
         removed.insert(c.node.name.as_str());
         let mut overlay: HashMap<&str, Resources> = HashMap::new();
         let mut ok = true;
-        let mut pods = c.movable.clone();
-        pods.sort_by(|a, b| {
+        let mark = topo.as_ref().map(Topology::mark);
+        if let (Some(topo), Some(&from)) = (topo.as_mut(), bin_of.get(c.node.name.as_str())) {
+            for qi in first..first_mover {
+                topo.lift(qi, Place::Bin(from));
+            }
+        }
+        // (index in `movers`, pod), largest first.
+        let mut pods: Vec<(usize, &PodView)> = c
+            .movable
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| (first + k, &snap.pods[i]))
+            .collect();
+        pods.sort_by(|(_, a), (_, b)| {
             (b.requests.cpu_milli, b.requests.memory)
                 .cmp(&(a.requests.cpu_milli, a.requests.memory))
         });
-        for p in pods {
+        for (qi, p) in pods {
             let target = bins.iter().enumerate().find_map(|(i, b)| {
                 if b.name.is_empty() || removed.contains(b.name) {
                     return None;
@@ -1501,13 +1572,17 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
                 let free = overlay.get(b.name).or_else(|| free_after.get(b.name))?;
                 (free.fits(&p.requests)
                     && selects(p, b.labels, b.name)
-                    && tolerates(p, &startup_free[i]))
-                .then(|| (b.name, free.clone()))
+                    && tolerates(p, &startup_free[i])
+                    && topo.as_mut().is_none_or(|t| t.allows(qi, Place::Bin(i))))
+                .then(|| (i, b.name, free.clone()))
             });
             match target {
-                Some((name, mut free)) => {
+                Some((i, name, mut free)) => {
                     free.sub(&p.requests);
                     overlay.insert(name, free);
+                    if let Some(topo) = topo.as_mut() {
+                        topo.place(qi, Place::Bin(i));
+                    }
                 }
                 None => {
                     ok = false;
@@ -1522,6 +1597,9 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
             }
             unneeded.push(c);
         } else {
+            if let (Some(topo), Some(mark)) = (topo.as_mut(), mark) {
+                topo.rollback(&mark);
+            }
             removed.remove(c.node.name.as_str());
             needed.push(c.node);
         }

@@ -1819,3 +1819,145 @@ fn the_controller_node_labels_are_configurable() {
         "{a:?}"
     );
 }
+
+/// Scale-down moves a node's pods only where the scheduler would put them: required pod
+/// affinity and anti-affinity (the mover's own, and running pods' against it) and
+/// `DoNotSchedule` spread hold after the move, counted without the mover on the node it leaves.
+/// "a" is light (one 500m pod); "b" and "c" are busy but have 1.5 CPUs free each; "d", where
+/// present, is full.
+#[test]
+fn scale_down_moves_pods_only_where_their_constraints_allow() {
+    struct Case {
+        name: &'static str,
+        /// (node, zone, pods on it).
+        nodes: Vec<(&'static str, &'static str, Vec<PodView>)>,
+        marked: Vec<&'static str>,
+    }
+    let busy = |name: &str| pod(name, 2500, 1);
+    let full = |name: &str| pod(name, 3900, 1);
+    let db = |name: &str| anti(labelled(pod(name, 500, 1), "db"), "db", HOSTNAME);
+    let cases = vec![
+        Case {
+            name: "no constraints: a's pod fits on b",
+            nodes: vec![
+                ("a", "z1", vec![labelled(pod("r0", 500, 1), "db")]),
+                (
+                    "b",
+                    "z1",
+                    vec![busy("b1"), labelled(pod("r1", 500, 1), "db")],
+                ),
+                (
+                    "c",
+                    "z1",
+                    vec![busy("c1"), labelled(pod("r2", 500, 1), "db")],
+                ),
+            ],
+            marked: vec!["a"],
+        },
+        Case {
+            name: "hostname anti-affinity: b and c each hold a replica already",
+            nodes: vec![
+                ("a", "z1", vec![db("r0")]),
+                ("b", "z1", vec![busy("b1"), db("r1")]),
+                ("c", "z1", vec![busy("c1"), db("r2")]),
+            ],
+            marked: vec![],
+        },
+        Case {
+            name: "hostname anti-affinity: c holds none, the replica moves there",
+            nodes: vec![
+                ("a", "z1", vec![db("r0")]),
+                ("b", "z1", vec![busy("b1"), db("r1")]),
+                ("c", "z1", vec![busy("c1")]),
+            ],
+            marked: vec!["a"],
+        },
+        Case {
+            name: "running pods' anti-affinity keeps a's noisy pod off b and c",
+            nodes: vec![
+                ("a", "z1", vec![labelled(pod("n0", 500, 1), "noisy")]),
+                ("b", "z1", vec![anti(busy("b1"), "noisy", HOSTNAME)]),
+                ("c", "z1", vec![anti(busy("c1"), "noisy", HOSTNAME)]),
+            ],
+            marked: vec![],
+        },
+        Case {
+            name: "zone affinity: the cache is in z1, where only the full d has room",
+            nodes: vec![
+                ("a", "z1", vec![near(pod("w0", 500, 1), "cache", ZONE)]),
+                ("b", "z2", vec![busy("b1")]),
+                ("c", "z2", vec![busy("c1")]),
+                ("d", "z1", vec![labelled(full("cache"), "cache")]),
+            ],
+            marked: vec![],
+        },
+        Case {
+            name: "zone spread: moving a's replica to z2 would make the skew 2",
+            nodes: vec![
+                (
+                    "a",
+                    "z1",
+                    vec![zone_spread(labelled(pod("s0", 500, 1), "s"), "s", 1)],
+                ),
+                (
+                    "b",
+                    "z2",
+                    vec![
+                        busy("b1"),
+                        zone_spread(labelled(pod("s1", 500, 1), "s"), "s", 1),
+                    ],
+                ),
+                ("c", "z2", vec![busy("c1")]),
+                ("d", "z1", vec![full("d1")]),
+            ],
+            marked: vec![],
+        },
+        Case {
+            name: "zone spread with room in its own zone: the replica moves to d",
+            nodes: vec![
+                (
+                    "a",
+                    "z1",
+                    vec![zone_spread(labelled(pod("s0", 500, 1), "s"), "s", 1)],
+                ),
+                (
+                    "b",
+                    "z2",
+                    vec![
+                        busy("b1"),
+                        zone_spread(labelled(pod("s1", 500, 1), "s"), "s", 1),
+                    ],
+                ),
+                ("c", "z2", vec![busy("c1")]),
+                ("d", "z1", vec![busy("d1")]),
+            ],
+            marked: vec!["a"],
+        },
+    ];
+    let s = settings(vec![group("web", 0, 10)]);
+    for case in cases {
+        let mut snap = Snapshot::default();
+        for (name, zone, pods) in case.nodes {
+            zoned_member(&mut snap, name, "web", zone);
+            snap.pods.extend(pods.into_iter().map(|p| on(p, name)));
+        }
+        assert_eq!(
+            marked(&decide(&snap, t0(), &s)),
+            case.marked,
+            "{}",
+            case.name
+        );
+    }
+
+    // Two light nodes, one place: the first one chosen takes it, so the second stays.
+    let mut snap = Snapshot::default();
+    for (name, pods) in [
+        ("a", vec![db("r0")]),
+        ("b", vec![busy("b1")]),
+        ("c", vec![db("r2")]),
+    ] {
+        zoned_member(&mut snap, name, "web", "z1");
+        snap.pods.extend(pods.into_iter().map(|p| on(p, name)));
+    }
+    assert_eq!(marked(&decide(&snap, t0(), &s)), ["a"]);
+}

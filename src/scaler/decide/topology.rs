@@ -10,6 +10,9 @@
 //! counters it bumps, so a pod without constraints that no counter selects costs nothing, and a
 //! check is a few vector reads.
 //!
+//! Scale-down's simulation uses the same index with the pods it would move as the ones to place:
+//! [`Topology::lift`] takes a pod's counts off the node it leaves first.
+//!
 //! A new node is its own `kubernetes.io/hostname` domain and takes every other domain from its
 //! group's template labels (zone, region). A group's trial expansion is undone through a journal
 //! ([`Topology::mark`], [`Topology::rollback`]) so the expander compares groups on the same state.
@@ -21,7 +24,9 @@
 //! scheduler wants one pod matching all the pod's terms); `namespaceSelector` counts every
 //! namespace (the scaler does not list Namespaces); `matchLabelKeys` is ignored; spread takes
 //! `nodeTaintsPolicy` as `Ignore` (the default) and counts a new node's domain once a pod is
-//! placed there.
+//! placed there. A scale-down keeps the domains of the node it empties among a spread's eligible
+//! ones (a hostname spread then sees an empty domain, and may refuse a move the scheduler would
+//! take: never the other way round).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -153,6 +158,12 @@ impl Needs {
 
 enum Undo {
     Count {
+        carrier: bool,
+        counter: usize,
+        d: u32,
+    },
+    /// A count taken off by [`Topology::lift`].
+    Lift {
         carrier: bool,
         counter: usize,
         d: u32,
@@ -719,6 +730,55 @@ impl Topology {
         }
     }
 
+    /// Takes pod `qi`'s counts off `place`, where it runs now, before it is placed elsewhere: a
+    /// pod a scale-down would move is counted at its new place only.
+    pub(super) fn lift(&mut self, qi: usize, place: Place) {
+        if qi >= self.needs.len() {
+            return;
+        }
+        let counted_by = std::mem::take(&mut self.needs[qi].counted_by);
+        let carries = std::mem::take(&mut self.needs[qi].carries);
+        for (carrier, list) in [(false, &counted_by), (true, &carries)] {
+            for &ci in list {
+                let c = if carrier {
+                    &self.carriers[ci]
+                } else {
+                    &self.counters[ci]
+                };
+                let Some(d) = self.domain(c.key, place).filter(|&d| c.at(d) > 0) else {
+                    continue;
+                };
+                self.count(carrier, ci, d, false);
+                self.journal.push(Undo::Lift {
+                    carrier,
+                    counter: ci,
+                    d,
+                });
+            }
+        }
+        self.needs[qi].counted_by = counted_by;
+        self.needs[qi].carries = carries;
+    }
+
+    /// Counts one pod more (`up`) or less in counter `ci` (of the carriers, `carrier`) at
+    /// domain `d`; the minimum of the spreads over it is recomputed when next asked.
+    fn count(&mut self, carrier: bool, ci: usize, d: u32, up: bool) {
+        let c = if carrier {
+            &mut self.carriers[ci]
+        } else {
+            for &si in &self.spreads_of[ci] {
+                self.spreads[si].min = None;
+            }
+            &mut self.counters[ci]
+        };
+        if up {
+            bump(c, d);
+        } else if let Some(n) = c.counts.get_mut(d as usize) {
+            *n = n.saturating_sub(1);
+            c.total = c.total.saturating_sub(1);
+        }
+    }
+
     /// Where [`rollback`](Self::rollback) returns to.
     pub(super) fn mark(&self) -> Mark {
         Mark {
@@ -735,20 +795,12 @@ impl Topology {
                     carrier,
                     counter,
                     d,
-                }) => {
-                    let c = if carrier {
-                        &mut self.carriers[counter]
-                    } else {
-                        for &si in &self.spreads_of[counter] {
-                            self.spreads[si].min = None;
-                        }
-                        &mut self.counters[counter]
-                    };
-                    if let Some(n) = c.counts.get_mut(d as usize) {
-                        *n -= 1;
-                    }
-                    c.total -= 1;
-                }
+                }) => self.count(carrier, counter, d, false),
+                Some(Undo::Lift {
+                    carrier,
+                    counter,
+                    d,
+                }) => self.count(carrier, counter, d, true),
                 Some(Undo::Eligible { spread }) => {
                     let s = &mut self.spreads[spread];
                     if let Some(d) = s.domains.pop() {
