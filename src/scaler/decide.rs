@@ -77,6 +77,27 @@ impl fmt::Display for RepairReason {
     }
 }
 
+/// Why a Node whose machine is gone is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteNodeReason {
+    /// A scale-down deleted the machine and stopped before the Node.
+    ScaledDown,
+    /// The machine was deleted outside the scaler and the Node has been NotReady for
+    /// `unready_delete_time`.
+    Unready,
+}
+
+impl fmt::Display for DeleteNodeReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::ScaledDown => "a scale-down deleted its machine",
+            Self::Unready => {
+                "it has no machine at the provider and was NotReady for unready_delete_time"
+            }
+        })
+    }
+}
+
 /// One thing the executor does.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
@@ -141,12 +162,14 @@ pub enum Action {
         /// No scale-up before this.
         until: Timestamp,
     },
-    /// A scale-down deleted the machine but not yet the Node: delete the Node.
+    /// Delete a Node whose machine is gone.
     DeleteNode {
         /// The group.
         group: String,
         /// The node.
         node: String,
+        /// Why.
+        reason: DeleteNodeReason,
     },
     /// A machine of the group became ready after its last failure: forget the back-off.
     ClearBackOff {
@@ -844,6 +867,36 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
             });
         }
     }
+    // A labelled Node without a machine counts as a member (see `group_states`) while it may
+    // come back. NotReady for `unready_delete_time`, its machine is taken as gone for good (as
+    // a cloud's node lifecycle controller takes a Node whose instance no longer exists): the
+    // Node is deleted and stops counting. A scale-down's own left-behind Nodes are scale-down's.
+    for n in &snap.nodes {
+        let Some(&gi) = n.group().and_then(|g| groups.get(g)) else {
+            continue;
+        };
+        if cx.machine_by_host.contains_key(n.name.as_str())
+            || n.ready
+            || n.booting()
+            || n.scale_down_in_progress
+            || n.protected_role(&s.controller_node_labels)
+            || n.scale_down_disabled
+        {
+            continue;
+        }
+        if n.ready_transition
+            .or(n.created)
+            .is_some_and(|since| elapsed(now, since) >= s.unready_delete_time)
+        {
+            repaired.insert(n.name.as_str());
+            size[gi] = size[gi].saturating_sub(1);
+            actions.push(Action::DeleteNode {
+                group: s.groups[gi].name.clone(),
+                node: n.name.clone(),
+                reason: DeleteNodeReason::Unready,
+            });
+        }
+    }
     for (group, n) in &failures {
         if let Some(&gi) = groups.get(group) {
             backing_off[gi] = true;
@@ -1424,6 +1477,7 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
                 actions.push(Action::DeleteNode {
                     group: s.groups[gi].name.clone(),
                     node: n.name.clone(),
+                    reason: DeleteNodeReason::ScaledDown,
                 });
             }
             continue;

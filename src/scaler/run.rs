@@ -556,11 +556,12 @@ impl<P: Provider + 'static> Inner<P> {
                 Action::ClearBackOff { group } => {
                     backoff.remove(group);
                 }
-                Action::DeleteNode { group, node } => {
-                    info!(
-                        group,
-                        node, "deleting the Node of a machine a scale-down removed"
-                    );
+                Action::DeleteNode {
+                    group,
+                    node,
+                    reason,
+                } => {
+                    info!(group, node, %reason, "deleting a Node whose machine is gone");
                     self.delete_node(node).await;
                 }
                 Action::MarkUnneeded { node, since } => {
@@ -1098,8 +1099,12 @@ fn log_action(a: &Action, dry_run: bool) {
             warn!(dry_run, group, failures, %until, "decision: group backs off");
         }
         Action::ClearBackOff { group } => info!(dry_run, group, "decision: back-off cleared"),
-        Action::DeleteNode { group, node } => {
-            info!(dry_run, group, node, "decision: delete a left-behind Node")
+        Action::DeleteNode {
+            group,
+            node,
+            reason,
+        } => {
+            info!(dry_run, group, node, %reason, "decision: delete a Node whose machine is gone")
         }
     }
 }

@@ -1311,7 +1311,8 @@ fn a_node_left_behind_by_a_scale_down_is_deleted() {
     assert!(
         a.contains(&Action::DeleteNode {
             group: "web".into(),
-            node: "b".into()
+            node: "b".into(),
+            reason: DeleteNodeReason::ScaledDown,
         }),
         "{a:?}"
     );
@@ -1960,4 +1961,75 @@ fn scale_down_moves_pods_only_where_their_constraints_allow() {
         snap.pods.extend(pods.into_iter().map(|p| on(p, name)));
     }
     assert_eq!(marked(&decide(&snap, t0(), &s)), ["a"]);
+}
+
+/// A group-labelled Node without a machine (deleted outside the scaler) counts as a member while
+/// it may still come back; NotReady for `unready_delete_time`, its Node is deleted and it stops
+/// counting, so it neither holds the group at `max` nor stays forever. Booting, protected and
+/// scale-down nodes are left to their own rules.
+#[test]
+fn a_machineless_node_notready_for_the_unready_time_is_deleted() {
+    let s = settings(vec![group("web", 0, 2)]);
+    let mut snap = Snapshot::default();
+    member(&mut snap, "a", "web");
+    snap.nodes.push(node("ghost", Some("web")));
+    snap.nodes[1].ready = false;
+    snap.nodes[1].ready_transition = Some(t0());
+    snap.pods.push(pod("p", 3900, 1));
+    snap.pods.push(on(pod("busy", 3900, 1), "a"));
+    let deleted = |a: &[Action]| {
+        a.iter()
+            .filter_map(|a| match a {
+                Action::DeleteNode { node, reason, .. } => Some((node.clone(), *reason)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+
+    let a = decide(&snap, at(19), &s);
+    assert!(deleted(&a).is_empty(), "{a:?}");
+    assert!(
+        scale_ups(&a).is_empty(),
+        "the ghost still counts: web is at max: {a:?}"
+    );
+
+    let a = decide(&snap, at(20), &s);
+    assert_eq!(
+        deleted(&a),
+        [("ghost".to_string(), DeleteNodeReason::Unready)]
+    );
+    assert_eq!(
+        scale_ups(&a),
+        [("web".to_string(), 1, ScaleUpReason::PendingPods)],
+        "its place is free again"
+    );
+    assert!(!a.iter().any(|a| matches!(a, Action::BackOff { .. })));
+
+    for (what, change) in [
+        (
+            "booting",
+            (|n: &mut NodeView| {
+                n.taints.push(TaintView {
+                    key: STARTUP_TAINT_KEY.into(),
+                    value: String::new(),
+                    effect: "NoSchedule".into(),
+                })
+            }) as fn(&mut NodeView),
+        ),
+        ("scale-down-disabled", |n| n.scale_down_disabled = true),
+        ("control-plane", |n| {
+            n.labels.insert(
+                "node-role.kubernetes.io/control-plane".into(),
+                String::new(),
+            );
+        }),
+        ("ready", |n| n.ready = true),
+    ] {
+        let mut kept = snap.clone();
+        change(&mut kept.nodes[1]);
+        assert!(
+            deleted(&decide(&kept, at(60), &s)).is_empty(),
+            "{what}: not deleted"
+        );
+    }
 }
