@@ -287,9 +287,14 @@ pub struct PodView {
 }
 
 impl PodView {
-    /// `namespace/name`.
+    /// `namespace/name`. Built without the formatting machinery: a pass builds one per pod it
+    /// names in an action (10,000 at the bench's larger size).
     pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        let mut key = String::with_capacity(self.namespace.len() + 1 + self.name.len());
+        key.push_str(&self.namespace);
+        key.push('/');
+        key.push_str(&self.name);
+        key
     }
 
     /// Owned by a DaemonSet (or a mirror pod): runs on every node and leaves with it.
