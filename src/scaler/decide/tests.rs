@@ -1837,6 +1837,16 @@ fn scale_down_moves_pods_only_where_their_constraints_allow() {
     let busy = |name: &str| pod(name, 2500, 1);
     let full = |name: &str| pod(name, 3900, 1);
     let db = |name: &str| anti(labelled(pod(name, 500, 1), "db"), "db", HOSTNAME);
+    // A zone-spread replica on a (z1) and one on b (z2); c in z2 has room; `d` runs in z1.
+    let spread_across_zones = |d: PodView| {
+        let replica = |name: &str| zone_spread(labelled(pod(name, 500, 1), "s"), "s", 1);
+        vec![
+            ("a", "z1", vec![replica("s0")]),
+            ("b", "z2", vec![busy("b1"), replica("s1")]),
+            ("c", "z2", vec![busy("c1")]),
+            ("d", "z1", vec![d]),
+        ]
+    };
     let cases = vec![
         Case {
             name: "no constraints: a's pod fits on b",
@@ -1894,44 +1904,12 @@ fn scale_down_moves_pods_only_where_their_constraints_allow() {
         },
         Case {
             name: "zone spread: moving a's replica to z2 would make the skew 2",
-            nodes: vec![
-                (
-                    "a",
-                    "z1",
-                    vec![zone_spread(labelled(pod("s0", 500, 1), "s"), "s", 1)],
-                ),
-                (
-                    "b",
-                    "z2",
-                    vec![
-                        busy("b1"),
-                        zone_spread(labelled(pod("s1", 500, 1), "s"), "s", 1),
-                    ],
-                ),
-                ("c", "z2", vec![busy("c1")]),
-                ("d", "z1", vec![full("d1")]),
-            ],
+            nodes: spread_across_zones(full("d1")),
             marked: vec![],
         },
         Case {
             name: "zone spread with room in its own zone: the replica moves to d",
-            nodes: vec![
-                (
-                    "a",
-                    "z1",
-                    vec![zone_spread(labelled(pod("s0", 500, 1), "s"), "s", 1)],
-                ),
-                (
-                    "b",
-                    "z2",
-                    vec![
-                        busy("b1"),
-                        zone_spread(labelled(pod("s1", 500, 1), "s"), "s", 1),
-                    ],
-                ),
-                ("c", "z2", vec![busy("c1")]),
-                ("d", "z1", vec![busy("d1")]),
-            ],
+            nodes: spread_across_zones(busy("d1")),
             marked: vec!["a"],
         },
     ];
