@@ -13,8 +13,9 @@
 //! pending. First fit uses per-class segment trees ([`first_fit`]) rather than a scan of every
 //! bin per pod. Scale-down simulates moving every pod of an under-used node onto the other nodes,
 //! under the same hard inter-pod constraints, each pod counted at its new node and no longer at
-//! the one it leaves; the node is removed only after it stayed unneeded for `scale_down_unneeded_time`, a time kept
-//! in the node's annotation so a restarted scaler picks up where the last one stopped.
+//! the one it leaves; the node is removed only after it stayed unneeded for
+//! `scale_down_unneeded_time`, a time kept in the node's annotation so a restarted scaler picks
+//! up where the last one stopped.
 //!
 //! [`decide`] runs five phases in order — `repair`, `scale_up`, `min_and_standby`, `cap_boots`,
 //! `scale_down` — each a function of the indexed snapshot (`Context`: the pods, most of a
@@ -608,8 +609,7 @@ struct Context<'a> {
     node_of: Vec<Option<usize>>,
     /// The bound pods (by index in `snap.pods`) grouped by node index, in snapshot order within
     /// a node: node `i`'s are `bound[pods_from[i]..pods_from[i + 1]]`. One list sized once, not a
-    /// list per node grown
-    /// pod by pod.
+    /// list per node grown pod by pod.
     bound: Vec<usize>,
     pods_from: Vec<usize>,
     /// Per node index, what they take.
