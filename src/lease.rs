@@ -17,6 +17,11 @@
 //! re-reads the Lease and proceeds only if it still names us *and* its resourceVersion is the one
 //! our own last write produced, so a Lease taken over (or merely touched) by anyone else since
 //! fences the act off even while our local deadline has not run out.
+//!
+//! Why not a crate: kube-lease-manager 0.13 and kube-leader-election 0.44 (the two kept ones
+//! when this was written) both judge expiry by comparing the holder's `renewTime` with the local
+//! clock, the skew this module avoids, and neither offers the resourceVersion fence; the latter
+//! also needs kube 4.
 
 use std::time::Duration;
 
