@@ -8,7 +8,9 @@
 //! Nodes and groups are spread over 3 zones.
 //!
 //! Prints figures, asserts nothing about time (it depends on the machine):
-//! 1. `decide` alone on an in-memory snapshot (median of several runs), at both sizes;
+//! 1. `decide` alone on an in-memory snapshot (median of several runs), at both sizes with busy
+//!    nodes (none a scale-down candidate), and at the larger size with light ones (a third of the
+//!    nodes candidates, 30 pods each for scale-down's simulation to move);
 //! 2. one full pass against kube-emulator and cherry-emulator over HTTP: listing, deciding,
 //!    minting tokens, rendering cloud-init and creating machines; the time from the pass's start
 //!    to the first server existing at the provider is the pending-to-create latency. Only at
@@ -79,12 +81,13 @@ fn node_name(i: usize) -> String {
     format!("pool-{}-node-{i:04}", i % GROUPS)
 }
 
-/// Running pods use 3.6 of 4 CPUs per node: busy enough that none is a scale-down candidate.
-fn running_cpu() -> i64 {
-    120
-}
+/// Busy: running pods use 3.6 of 4 CPUs per node, so no node is a scale-down candidate.
+const BUSY_CPU: i64 = 120;
+/// Light: running pods use 0.9 of 4 CPUs per node; the nodes the pending pods do not claim (a
+/// third of them at 5,000 nodes) are all scale-down candidates, each with 30 pods to move.
+const LIGHT_CPU: i64 = 30;
 
-fn snapshot(nodes: usize, running: usize, pending: usize) -> Snapshot {
+fn snapshot(nodes: usize, running: usize, pending: usize, running_cpu: i64) -> Snapshot {
     let t0: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().expect("time");
     let mut snap = Snapshot::default();
     for i in 0..nodes {
@@ -148,7 +151,7 @@ fn snapshot(nodes: usize, running: usize, pending: usize) -> Snapshot {
         let mut p = pod(
             format!("run-{i}"),
             Some(node_name(i % nodes)),
-            running_cpu(),
+            running_cpu,
             None,
         );
         p.labels = app(format!("w{}", i % 50));
@@ -229,8 +232,8 @@ fn settings(nodes: usize) -> Settings {
     s
 }
 
-fn bench_decide(nodes: usize, running: usize, pending: usize) {
-    let snap = snapshot(nodes, running, pending);
+fn bench_decide(nodes: usize, running: usize, pending: usize, running_cpu: i64) {
+    let snap = snapshot(nodes, running, pending, running_cpu);
     let s = settings(nodes);
     let now: jiff::Timestamp = "2026-01-01T00:05:00Z".parse().expect("time");
     let mut times = Vec::new();
@@ -247,6 +250,10 @@ fn bench_decide(nodes: usize, running: usize, pending: usize) {
             _ => 0,
         })
         .sum();
+    let unneeded = actions
+        .iter()
+        .filter(|a| matches!(a, nodeward::scaler::Action::MarkUnneeded { .. }))
+        .count();
     let refused: Vec<&String> = actions
         .iter()
         .filter_map(|a| match a {
@@ -255,7 +262,12 @@ fn bench_decide(nodes: usize, running: usize, pending: usize) {
         })
         .collect();
     println!(
-        "decide: {nodes} nodes, {running} running pods, {pending} pending pods, {GROUPS} groups: median {:.1} ms over {RUNS} runs (min {:.1} ms, max {:.1} ms); {machines} machines planned, {} pods left without a scale-up",
+        "decide: {nodes} {} nodes, {running} running pods, {pending} pending pods, {GROUPS} groups: median {:.1} ms over {RUNS} runs (min {:.1} ms, max {:.1} ms); {machines} machines planned, {} pods left without a scale-up, {unneeded} nodes found unneeded",
+        if running_cpu == LIGHT_CPU {
+            "light"
+        } else {
+            "busy"
+        },
         median(times.clone()).as_secs_f64() * 1e3,
         times
             .iter()
@@ -438,8 +450,11 @@ async fn bench_pass() {
 
 fn main() {
     for (nodes, running, pending) in SIZES {
-        bench_decide(nodes, running, pending);
+        bench_decide(nodes, running, pending, BUSY_CPU);
     }
+    // Scale-down's simulation at the larger size: most nodes light, a third of them candidates.
+    let (nodes, running, pending) = SIZES[1];
+    bench_decide(nodes, running, pending, LIGHT_CPU);
     if std::env::var_os("SCALER_BENCH_DECIDE_ONLY").is_some() {
         return;
     }

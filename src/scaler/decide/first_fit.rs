@@ -69,6 +69,16 @@ impl FirstFit {
         }
     }
 
+    /// Place `i` takes nothing more, whatever it has free, until [`set`](Self::set) again.
+    pub(super) fn close(&mut self, i: usize) {
+        let mut at = self.width + i;
+        self.room[at] = [i64::MIN; 3];
+        while at > 1 {
+            at /= 2;
+            self.pull(at);
+        }
+    }
+
     fn pull(&mut self, i: usize) {
         let (l, r) = (self.room[2 * i], self.room[2 * i + 1]);
         self.room[i] = [l[0].max(r[0]), l[1].max(r[1]), l[2].max(r[2])];
@@ -226,6 +236,24 @@ mod tests {
             places[i] = p;
             check(&t, &places);
         }
+    }
+
+    /// A closed place is never offered, even for a request of nothing, until it is set again.
+    #[test]
+    fn a_closed_place_is_not_offered_until_set_again() {
+        let mut t = FirstFit::default();
+        for cpu in [900, 500, 900] {
+            t.push(&r(cpu));
+        }
+        t.close(0);
+        assert_eq!(t.first(0, &r(100)), Some(1));
+        assert_eq!(t.first(0, &r(600)), Some(2));
+        t.close(2);
+        assert_eq!(t.first(0, &r(600)), None);
+        assert!(!t.may_take(&r(600)));
+        assert_eq!(t.first(0, &r(0)), Some(1));
+        t.set(0, &r(900));
+        assert_eq!(t.first(0, &r(600)), Some(0));
     }
 
     /// No single place holds all three of a request while each branch's maxima do, together:
