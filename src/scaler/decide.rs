@@ -1510,9 +1510,9 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
             needed.push(n);
             continue;
         }
-        let pods: Vec<&PodView> = cx.pods_on(&n.name).collect();
-        let movable: Vec<usize> = cx
-            .pod_ids_on(&n.name)
+        let ids = cx.pod_ids_on(&n.name);
+        let pods: Vec<&PodView> = ids.iter().map(|&i| &snap.pods[i]).collect();
+        let movable: Vec<usize> = ids
             .iter()
             .copied()
             .filter(|&i| !snap.pods[i].daemon())

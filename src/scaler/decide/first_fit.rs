@@ -61,18 +61,18 @@ impl FirstFit {
 
     /// Place `i` now has `free`.
     pub(super) fn set(&mut self, i: usize, free: &Resources) {
-        let mut at = self.width + i;
-        self.room[at] = key(free);
-        while at > 1 {
-            at /= 2;
-            self.pull(at);
-        }
+        self.put(i, key(free));
     }
 
     /// Place `i` takes nothing more, whatever it has free, until [`set`](Self::set) again.
     pub(super) fn close(&mut self, i: usize) {
+        self.put(i, [i64::MIN; 3]);
+    }
+
+    /// Leaf `i` holds `room`; the branches above it follow.
+    fn put(&mut self, i: usize, room: [i64; 3]) {
         let mut at = self.width + i;
-        self.room[at] = [i64::MIN; 3];
+        self.room[at] = room;
         while at > 1 {
             at /= 2;
             self.pull(at);

@@ -157,16 +157,13 @@ impl Needs {
 }
 
 enum Undo {
+    /// One pod counted (`up`: by [`Topology::place`]) or no longer counted (by
+    /// [`Topology::lift`]) in a counter, of the carriers when `carrier`, at domain `d`.
     Count {
         carrier: bool,
         counter: usize,
         d: u32,
-    },
-    /// A count taken off by [`Topology::lift`].
-    Lift {
-        carrier: bool,
-        counter: usize,
-        d: u32,
+        up: bool,
     },
     Eligible {
         spread: usize,
@@ -710,17 +707,19 @@ impl Topology {
                 carrier: false,
                 counter: ci,
                 d,
+                up: true,
             });
         }
         for &ci in &carries {
             let Some(d) = self.domain(self.carriers[ci].key, place) else {
                 continue;
             };
-            bump(&mut self.carriers[ci], d);
+            self.count(true, ci, d, true);
             self.journal.push(Undo::Count {
                 carrier: true,
                 counter: ci,
                 d,
+                up: true,
             });
         }
         self.needs[qi].counted_by = counted_by;
@@ -749,10 +748,11 @@ impl Topology {
                     continue;
                 };
                 self.count(carrier, ci, d, false);
-                self.journal.push(Undo::Lift {
+                self.journal.push(Undo::Count {
                     carrier,
                     counter: ci,
                     d,
+                    up: false,
                 });
             }
         }
@@ -795,12 +795,8 @@ impl Topology {
                     carrier,
                     counter,
                     d,
-                }) => self.count(carrier, counter, d, false),
-                Some(Undo::Lift {
-                    carrier,
-                    counter,
-                    d,
-                }) => self.count(carrier, counter, d, true),
+                    up,
+                }) => self.count(carrier, counter, d, !up),
                 Some(Undo::Eligible { spread }) => {
                     let s = &mut self.spreads[spread];
                     if let Some(d) = s.domains.pop() {
