@@ -237,6 +237,13 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         opts.reason = format!("shutdown ({kind:?}; nodeward-drain.service stopped by the system)")
             .to_lowercase();
     }
+    // As nodeward-drain.service's ExecStop, systemd would kill this at the unit's
+    // TimeoutStopSec=, however drain.timeout is set: ask for this drain's own deadline instead.
+    if !args.dry_run
+        && let Some(budget) = crate::shutdown::stop_budget(opts.timeout, opts.on_deadline)
+    {
+        crate::systemd::extend_stop_timeout(budget);
+    }
     let client = client_for(args.kubeconfig.as_deref(), &settings).await?;
     if args.dry_run {
         let plan = crate::drain::dry_run(&client, &node, &opts).await?;

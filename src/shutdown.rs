@@ -19,12 +19,24 @@ use tracing::{info, warn};
 
 use crate::agent::state::Phase;
 use crate::agent::status::{ShutdownOutcome, Status};
-use crate::config::{ShutdownPolicy, ShutdownSettings};
+use crate::config::{OnDeadline, ShutdownPolicy, ShutdownSettings};
 use crate::logind::{self, ShutdownKind};
 use crate::systemd::Systemd;
 
 /// While the agent drains, its liveness is checked this often (an exit writes no status).
 const AGENT_CHECK: Duration = Duration::from_millis(500);
+
+/// What a stopping `nodeward drain` asks systemd for beyond its own deadline: starting, asking
+/// systemd, connecting, cordoning, the deadline fallback's deletions, reporting.
+pub const STOP_SLACK: Duration = Duration::from_secs(30);
+
+/// How long systemd should wait for `nodeward drain` as a unit's ExecStop, from when it starts
+/// the work bounded by `timeout`: that deadline plus [`STOP_SLACK`]. `None` for
+/// `on_deadline = "wait"`, a drain without an end to announce: then the unit's
+/// `TimeoutStopSec=` alone bounds it.
+pub fn stop_budget(timeout: Duration, on_deadline: OnDeadline) -> Option<Duration> {
+    (on_deadline != OnDeadline::Wait).then(|| timeout.saturating_add(STOP_SLACK))
+}
 
 /// What the unit does at a shutdown.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +113,8 @@ pub async fn for_this_shutdown(settings: &crate::config::Settings) -> Option<Uni
                 pid,
                 "the agent drains for this shutdown; waiting for its outcome"
             );
+            // The agent's deadline is at most drain.timeout (logind's cap may shorten it).
+            crate::systemd::extend_stop_timeout(settings.drain.timeout.saturating_add(STOP_SLACK));
             wait_for_agent(path, pid).await
         }
         says => says,
@@ -276,5 +290,17 @@ mod tests {
         for (agent, kind, want) in cases {
             assert_eq!(unit_action(&agent, kind, &s), want, "{agent:?} {kind:?}");
         }
+    }
+
+    #[test]
+    fn the_unit_asks_for_its_deadline_plus_slack_unless_it_waits_past_it() {
+        let secs = Duration::from_secs;
+        assert_eq!(stop_budget(secs(90), OnDeadline::Abandon), Some(secs(120)));
+        assert_eq!(stop_budget(secs(300), OnDeadline::Delete), Some(secs(330)));
+        assert_eq!(stop_budget(secs(300), OnDeadline::Wait), None);
+        assert_eq!(
+            stop_budget(Duration::MAX, OnDeadline::Abandon),
+            Some(Duration::MAX)
+        );
     }
 }

@@ -2,6 +2,9 @@
 //! system stopping, and for which target) and what the agent does to the drain unit (stop it while
 //! it drains for a shutdown, start it again when the shutdown is cancelled).
 //!
+//! Also the notifications every nodeward process sends its unit (`sd_notify`), among them the
+//! drain unit's request for time to reach its own deadline.
+//!
 //! Asking over D-Bus costs no `systemctl` process; in the drain unit's ExecStop, two of those took
 //! most of its 3.6 s under the bench's emulated CPU. (PID 1's private socket would spare the bus,
 //! but zbus rejects the sender field systemd puts on its messages there.)
@@ -18,6 +21,34 @@ pub const DRAIN_UNIT: &str = "nodeward-drain.service";
 
 /// How long one question to systemd may take before the answer counts as "don't know".
 pub const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Sends `states` to the service manager; a failure is logged, never fatal. Without
+/// `NOTIFY_SOCKET` (not started by systemd, or by a unit that takes no notifications) it does
+/// nothing.
+pub fn notify(states: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!(error = %e, "cannot notify systemd");
+    }
+}
+
+/// As a stopping unit's control process (nodeward-drain.service's ExecStop, which has
+/// `NotifyAccess=exec`): asks systemd to wait at least `budget` from now before it kills this
+/// stop (`EXTEND_TIMEOUT_USEC`). That only ever lengthens the unit's `TimeoutStopSec=`, which
+/// stays the backstop; it spares a drain whose configured deadline lies beyond it from being
+/// killed mid-way, before its deadline fallback runs. Outside such a unit it does nothing.
+pub fn extend_stop_timeout(budget: Duration) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    let usec = u64::try_from(budget.as_micros()).unwrap_or(u64::MAX);
+    tracing::info!(
+        seconds = budget.as_secs(),
+        "asking systemd to wait this long for this stop"
+    );
+    notify(&[sd_notify::NotifyState::Custom(&format!(
+        "EXTEND_TIMEOUT_USEC={usec}"
+    ))]);
+}
 
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 const UNIT: &str = "org.freedesktop.systemd1.Unit";

@@ -798,6 +798,68 @@ async fn the_drain_unit_stopped_while_the_agent_drains_waits_for_its_outcome() {
     bus.shutdown().await;
 }
 
+/// As the drain unit's ExecStop, `nodeward drain` asks systemd (its `NOTIFY_SOCKET`) for the time
+/// its own bound needs, so a drain.timeout beyond the unit's `TimeoutStopSec=` is not cut off
+/// mid-drain: drain.timeout + 30 s while the agent drains, its own deadline + 30 s when it
+/// drains; nothing for `on_deadline = "wait"`, which has no end to announce.
+#[tokio::test]
+async fn the_drain_unit_asks_systemd_for_the_time_its_deadline_needs() {
+    let emu = emulator_with_web(1).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bus = systemd_bus().await;
+    let socket_path = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).expect("notify socket");
+    socket.set_nonblocking(true).expect("nonblocking");
+    let received = || {
+        let mut messages = Vec::new();
+        let mut buf = [0u8; 512];
+        while let Ok(n) = socket.recv(&mut buf) {
+            messages.push(String::from_utf8_lossy(&buf[..n]).trim_end().to_string());
+        }
+        messages
+    };
+    bus.systemd_stopping_for("poweroff.target")
+        .await
+        .expect("systemd mock: stopping");
+    let mut agent = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .expect("a process standing in for the agent");
+
+    // The agent drains, then dies: the unit waits, then drains with a shorter --timeout.
+    write_agent_status(dir.path(), agent.id(), "draining", &[]);
+    let stop = unit_exec_stop(&emu, &bus, dir.path(), "[drain]\ntimeout = \"200s\"\n")
+        .args(["--timeout", "100s"])
+        .env("NOTIFY_SOCKET", &socket_path)
+        .spawn()
+        .expect("run nodeward drain");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    agent.kill().expect("kill the stand-in agent");
+    agent.wait().expect("reap the stand-in agent");
+    let text = succeeded(stop, Duration::from_secs(30)).await;
+    assert!(pods_on(&emu, NODE).is_empty(), "the unit drained\n{text}");
+    assert_eq!(
+        received(),
+        [
+            "EXTEND_TIMEOUT_USEC=230000000",
+            "EXTEND_TIMEOUT_USEC=130000000"
+        ],
+        "{text}"
+    );
+
+    // No agent, on_deadline = "wait": the unit drains and asks for nothing.
+    std::fs::remove_file(dir.path().join("status.json")).expect("remove the status file");
+    let toml = "[drain]\ntimeout = \"200s\"\non_deadline = \"wait\"\n";
+    let stop = unit_exec_stop(&emu, &bus, dir.path(), toml)
+        .env("NOTIFY_SOCKET", &socket_path)
+        .spawn()
+        .expect("run nodeward drain");
+    let text = succeeded(stop, Duration::from_secs(30)).await;
+    assert!(text.contains("applying the [shutdown] policy"), "{text}");
+    assert_eq!(received(), Vec::<String>::new(), "{text}");
+    bus.shutdown().await;
+}
+
 /// An API server that accepts connections and never answers (stopped, or a black hole on the
 /// way): the drain still ends by its deadline, saying what it could not do, instead of waiting
 /// minutes for the client's read timeout while a shutdown waits for it.

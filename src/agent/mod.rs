@@ -50,6 +50,7 @@ use crate::gate::{Facts, GateSet, HttpFact, Verdict};
 use crate::logind::{self, Logind, LogindEvent, ShutdownKind};
 use crate::readiness;
 use crate::store::Mirror;
+use crate::systemd::notify;
 use state::{Action, Lock, LockEvent, Phase, PhaseEvent, View};
 use status::{DrainSummary, ShutdownOutcome, Status};
 
@@ -855,14 +856,6 @@ impl Agent {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// Sends a notification to systemd; a failure is logged, never fatal (and without
-/// `NOTIFY_SOCKET` it does nothing).
-fn notify(states: &[sd_notify::NotifyState<'_>]) {
-    if let Err(e) = sd_notify::notify(states) {
-        warn!(error = %e, "cannot notify systemd");
-    }
 }
 
 /// Keeps every watch item but `Init` (see [`Agent::watches`]).

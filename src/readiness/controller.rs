@@ -94,7 +94,7 @@ pub async fn run(
                 Some(Ok(watcher::Event::InitDone)) => {
                     if !synced {
                         // Type=notify (nodeward-controller.service): up once it sees the nodes.
-                        let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+                        crate::systemd::notify(&[sd_notify::NotifyState::Ready]);
                     }
                     synced = true;
                     if leads(leader_until) {
