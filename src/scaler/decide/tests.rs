@@ -664,6 +664,39 @@ fn inter_pod_constraints_shape_the_scale_up() {
             refused: vec![],
         },
         Case {
+            name: "two affinity terms: one pod must match both (as the scheduler counts), not one pod each",
+            groups: vec![zoned("a", 0, 10, "zone-1"), zoned("b", 0, 10, "zone-2")],
+            snap: {
+                let mut snap = Snapshot::default();
+                zoned_member(&mut snap, "n1", "a", "zone-1");
+                zoned_member(&mut snap, "n2", "b", "zone-2");
+                let back = |mut p: PodView| {
+                    p.labels.insert("tier".into(), "back".into());
+                    p
+                };
+                // zone-1 has room and a pod for each term; only zone-2's full node has a pod
+                // matching both.
+                snap.pods
+                    .push(on(labelled(pod("db-0", 500, 1), "db"), "n1"));
+                snap.pods.push(on(back(pod("batch-0", 500, 1)), "n1"));
+                snap.pods
+                    .push(on(back(labelled(pod("db-1", 4000, 1), "db")), "n2"));
+                let mut client = near(pod("client", 500, 1), "db", ZONE);
+                if let Some(c) = client.constraints.as_deref_mut() {
+                    let mut tier = app_term("", ZONE);
+                    tier.selector = Some(SelectorView {
+                        labels: BTreeMap::from([("tier".to_string(), "back".to_string())]),
+                        expressions: Vec::new(),
+                    });
+                    c.affinity.push(tier);
+                }
+                snap.pods.push(client);
+                snap
+            },
+            ups: vec![("b", 1)],
+            refused: vec![],
+        },
+        Case {
             name: "a series with affinity to itself starts on one node, and stops when it is full",
             groups: web(),
             snap: Snapshot {

@@ -20,8 +20,11 @@
 //! a domain to is worked out once per group (a zone the existing nodes have is already one), so
 //! placing a pod does not look at every spread of the pass.
 //!
-//! Simplified: an affinity term is satisfied by counting pods that match that term alone (the
-//! scheduler wants one pod matching all the pod's terms); `namespaceSelector` counts every
+//! A pod's affinity terms are counted together, as the scheduler does: a pod counts for them
+//! only if it matches every term (then in each term's topology domain), so two pods that each
+//! match one term satisfy nothing. Anti-affinity and spread count per term.
+//!
+//! Simplified: `namespaceSelector` counts every
 //! namespace (the scaler does not list Namespaces); `matchLabelKeys` is ignored; spread takes
 //! `nodeTaintsPolicy` as `Ignore` (the default) and counts a new node's domain once a pod is
 //! placed there. A scale-down keeps the domains of the node it empties among a spread's eligible
@@ -78,20 +81,39 @@ pub(super) struct BinSite<'a> {
     pub node: Option<usize>,
 }
 
-/// Which pods a counter counts.
+/// Which pods a counter counts: those every one of its terms selects (one term but for a pod's
+/// affinity terms, which count together).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Matcher {
+    terms: Vec<Selects>,
+}
+
+/// One term of a [`Matcher`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Selects {
     namespaces: Namespaces,
     /// `None` selects no pod.
     selector: Option<SelectorView>,
 }
 
 impl Matcher {
+    fn one(namespaces: Namespaces, selector: Option<SelectorView>) -> Self {
+        Self {
+            terms: vec![Selects {
+                namespaces,
+                selector,
+            }],
+        }
+    }
+
     /// Whether it counts the pods of namespace `ns` with `labels`.
     fn selects(&self, (ns, labels): LabelSet<'_>) -> bool {
-        self.selector
-            .as_ref()
-            .is_some_and(|s| self.namespaces.contain(ns) && selector_selects(s, labels))
+        !self.terms.is_empty()
+            && self.terms.iter().all(|t| {
+                t.selector
+                    .as_ref()
+                    .is_some_and(|s| t.namespaces.contain(ns) && selector_selects(s, labels))
+            })
     }
 }
 
@@ -226,8 +248,10 @@ struct Interner<'p> {
     keys: FastMap<String, usize>,
     counters: FastMap<(Matcher, usize), usize>,
     carriers: FastMap<(Matcher, usize), usize>,
-    /// (term, whether a carrier counter) → counter.
+    /// (anti-affinity term, whether a carrier counter) → counter.
     by_term: FastMap<(&'p PodTermView, bool), usize>,
+    /// A pod's affinity terms → their counters, one per term.
+    by_affinity: FastMap<&'p [PodTermView], Vec<usize>>,
     /// (namespace, selector, topology key) of a spread constraint → counter.
     by_spread: FastMap<(&'p str, &'p Option<SelectorView>, &'p str), usize>,
 }
@@ -270,19 +294,42 @@ impl<'p> Interner<'p> {
         })
     }
 
-    /// The counter (or, `carrier`, the carrier counter) of a pod (anti-)affinity term.
+    /// The counter (or, `carrier`, the carrier counter) of a pod anti-affinity term.
     fn term(&mut self, t: &mut Topology, term: &'p PodTermView, carrier: bool) -> usize {
         if let Some(&ci) = self.by_term.get(&(term, carrier)) {
             return ci;
         }
         let key = self.key(t, &term.topology_key);
-        let m = Matcher {
-            namespaces: term.namespaces.clone(),
-            selector: term.selector.clone(),
-        };
+        let m = Matcher::one(term.namespaces.clone(), term.selector.clone());
         let ci = self.counter(t, carrier, m, key);
         self.by_term.insert((term, carrier), ci);
         ci
+    }
+
+    /// The counters of a pod's affinity `terms`: per term, in its topology key, the pods that
+    /// match all of them.
+    fn affinity(&mut self, t: &mut Topology, terms: &'p [PodTermView]) -> Vec<usize> {
+        if let Some(cis) = self.by_affinity.get(terms) {
+            return cis.clone();
+        }
+        let m = Matcher {
+            terms: terms
+                .iter()
+                .map(|term| Selects {
+                    namespaces: term.namespaces.clone(),
+                    selector: term.selector.clone(),
+                })
+                .collect(),
+        };
+        let cis: Vec<usize> = terms
+            .iter()
+            .map(|term| {
+                let key = self.key(t, &term.topology_key);
+                self.counter(t, false, m.clone(), key)
+            })
+            .collect();
+        self.by_affinity.insert(terms, cis.clone());
+        cis
     }
 
     /// The counter of a spread constraint of a pod in namespace `ns`.
@@ -292,10 +339,7 @@ impl<'p> Interner<'p> {
             return ci;
         }
         let key = self.key(t, &sc.topology_key);
-        let m = Matcher {
-            namespaces: Namespaces::Only(vec![ns.to_string()]),
-            selector: sc.selector.clone(),
-        };
+        let m = Matcher::one(Namespaces::Only(vec![ns.to_string()]), sc.selector.clone());
         let ci = self.counter(t, false, m, key);
         self.by_spread.insert(at, ci);
         ci
@@ -350,8 +394,8 @@ impl Topology {
                 continue;
             };
             let mut needs = Needs::default();
-            for term in &c.affinity {
-                needs.affinity.push(index.term(&mut t, term, false));
+            if !c.affinity.is_empty() {
+                needs.affinity = index.affinity(&mut t, &c.affinity);
             }
             needs.self_affine = needs
                 .affinity
@@ -815,7 +859,7 @@ impl Topology {
 /// trying each: at the bench's larger size (200 counters, 1,000 distinct pending label sets)
 /// trying every counter on every label set was 5–8% of `decide`. A counter whose selector
 /// requires a label value (`matchLabels`) is listed under its first such pair and tried only on
-/// pods with that label; one without (expressions only) is tried on every pod; one without a
+/// pods with that label (a counter of several terms: its first term's); one without (expressions only) is tried on every pod; one without a
 /// selector selects none.
 struct ByLabel<'c> {
     required: HashMap<(&'c str, &'c str), Vec<usize>>,
@@ -827,7 +871,8 @@ impl<'c> ByLabel<'c> {
         let mut required: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
         let mut others = Vec::new();
         for (i, c) in list.iter().enumerate() {
-            let Some(sel) = &c.matcher.selector else {
+            // A pod the first term does not select is selected by none.
+            let Some(sel) = c.matcher.terms.first().and_then(|t| t.selector.as_ref()) else {
                 continue;
             };
             match sel.labels.iter().next() {
@@ -982,18 +1027,42 @@ mod tests {
             ),
             (Namespaces::All, sel(&[("app", "web")], Vec::new())),
         ];
-        let list: Vec<Counter> = matchers
+        let mut list: Vec<Counter> = matchers
             .into_iter()
             .map(|(namespaces, selector)| Counter {
-                matcher: Matcher {
-                    namespaces,
-                    selector,
-                },
+                matcher: Matcher::one(namespaces, selector),
                 key: 0,
                 counts: Vec::new(),
                 total: 0,
             })
             .collect();
+        // A pod's affinity terms, counted together: listed by the first term's labels.
+        let together = |terms: Vec<(Namespaces, Option<SelectorView>)>| Counter {
+            matcher: Matcher {
+                terms: terms
+                    .into_iter()
+                    .map(|(namespaces, selector)| Selects {
+                        namespaces,
+                        selector,
+                    })
+                    .collect(),
+            },
+            key: 0,
+            counts: Vec::new(),
+            total: 0,
+        };
+        list.push(together(vec![
+            (default(), sel(&[("app", "web")], Vec::new())),
+            (default(), sel(&[("tier", "front")], Vec::new())),
+        ]));
+        list.push(together(vec![
+            (default(), sel(&[], vec![req("tier", "Exists", &[])])),
+            (Namespaces::All, sel(&[("app", "db")], Vec::new())),
+        ]));
+        list.push(together(vec![
+            (default(), sel(&[("app", "web")], Vec::new())),
+            (default(), None),
+        ]));
         let index = ByLabel::new(&list);
         let pod_labels = [
             labels(&[]),
