@@ -662,6 +662,25 @@ async fn succeeded(stop: tokio::process::Child, within: Duration) -> String {
     text
 }
 
+/// The stand-in `agent` drains for this shutdown (its status file in `dir` says so) and dies
+/// 0.5 s into `stop`'s wait for it: the unit must take the drain over and empty the node. Its
+/// output.
+async fn takes_over_from_a_dying_agent(
+    emu: &EmulatorHandle,
+    dir: &std::path::Path,
+    mut agent: std::process::Child,
+    stop: &mut tokio::process::Command,
+) -> String {
+    write_agent_status(dir, agent.id(), "draining", &[]);
+    let stop = stop.spawn().expect("run nodeward drain");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    agent.kill().expect("kill the stand-in agent");
+    agent.wait().expect("reap the stand-in agent");
+    let text = succeeded(stop, Duration::from_secs(30)).await;
+    assert!(pods_on(emu, NODE).is_empty(), "the unit drained\n{text}");
+    text
+}
+
 fn output_text(out: &std::process::Output) -> String {
     format!(
         "exit {:?}\nstdout:\n{}\nstderr:\n{}",
@@ -742,7 +761,7 @@ async fn the_drain_unit_stopped_while_the_agent_drains_waits_for_its_outcome() {
     let emu = emulator_with_web(2).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let bus = systemd_bus().await;
-    let mut agent = std::process::Command::new("sleep")
+    let agent = std::process::Command::new("sleep")
         .arg("300")
         .spawn()
         .expect("a process standing in for the agent");
@@ -771,18 +790,16 @@ async fn the_drain_unit_stopped_while_the_agent_drains_waits_for_its_outcome() {
     }
 
     // The agent dies mid-drain: the unit takes over with the policy for this shutdown.
-    write_agent_status(dir.path(), agent.id(), "draining", &[]);
     bus.systemd_stopping_for("poweroff.target")
         .await
         .expect("systemd mock: stopping");
-    let stop = unit_exec_stop(&emu, &bus, dir.path(), "")
-        .spawn()
-        .expect("run nodeward drain");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    agent.kill().expect("kill the stand-in agent");
-    agent.wait().expect("reap the stand-in agent");
-    let text = succeeded(stop, Duration::from_secs(30)).await;
-    assert!(pods_on(&emu, NODE).is_empty(), "the unit drained\n{text}");
+    let text = takes_over_from_a_dying_agent(
+        &emu,
+        dir.path(),
+        agent,
+        &mut unit_exec_stop(&emu, &bus, dir.path(), ""),
+    )
+    .await;
     let reason = emu
         .get("nodes", None, NODE)
         .and_then(|n| {
@@ -821,23 +838,16 @@ async fn the_drain_unit_asks_systemd_for_the_time_its_deadline_needs() {
     bus.systemd_stopping_for("poweroff.target")
         .await
         .expect("systemd mock: stopping");
-    let mut agent = std::process::Command::new("sleep")
+    let agent = std::process::Command::new("sleep")
         .arg("300")
         .spawn()
         .expect("a process standing in for the agent");
 
     // The agent drains, then dies: the unit waits, then drains with a shorter --timeout.
-    write_agent_status(dir.path(), agent.id(), "draining", &[]);
-    let stop = unit_exec_stop(&emu, &bus, dir.path(), "[drain]\ntimeout = \"200s\"\n")
-        .args(["--timeout", "100s"])
-        .env("NOTIFY_SOCKET", &socket_path)
-        .spawn()
-        .expect("run nodeward drain");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    agent.kill().expect("kill the stand-in agent");
-    agent.wait().expect("reap the stand-in agent");
-    let text = succeeded(stop, Duration::from_secs(30)).await;
-    assert!(pods_on(&emu, NODE).is_empty(), "the unit drained\n{text}");
+    let mut stop = unit_exec_stop(&emu, &bus, dir.path(), "[drain]\ntimeout = \"200s\"\n");
+    stop.args(["--timeout", "100s"])
+        .env("NOTIFY_SOCKET", &socket_path);
+    let text = takes_over_from_a_dying_agent(&emu, dir.path(), agent, &mut stop).await;
     assert_eq!(
         received(),
         [
