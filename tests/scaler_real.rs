@@ -7,6 +7,8 @@
 //! under a budget that allows no disruption (the scaler must leave both machines alone), the
 //! budget opens to one (one machine is drained and deleted, its pod moved first), and the load
 //! goes away (the other is deleted).
+//!
+//! And the packing's model of inter-pod affinity, held to the real scheduler.
 
 mod common;
 
@@ -473,6 +475,101 @@ async fn status_time(admin: &kube::Client, namespace: &str) -> Option<jiff::Time
     doc.get("time")?.as_str()?.parse().ok()
 }
 
+/// The model behind the scaler's packing, held to the real scheduler: a pod's required affinity
+/// terms count together. A zone with room and one pod for each of two terms does not take the
+/// pod; a zone with one pod matching both does, once it has a node with room (what the scaler
+/// creates for it: `decide`'s "two affinity terms" case).
+async fn affinity_terms_count_together(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    let ns = unique("aff");
+    common::create_namespace(&admin, &ns).await;
+    let (z1, z2) = (unique("zone"), unique("zone"));
+    let (db, back) = (unique("db"), unique("back"));
+    let zone = "topology.kubernetes.io/zone";
+    let roomy = unique("roomy");
+    let full = unique("full");
+    cluster.add_node(&roomy, &[(zone, &z1)], json!([])).await;
+    let no_room = json!([{"key": "full", "value": "true", "effect": "NoSchedule"}]);
+    cluster.add_node(&full, &[(zone, &z2)], no_room).await;
+    let bound = |name: &str, node: &str, labels: Value| {
+        json!({"metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}})
+    };
+    for pod in [
+        bound("db-only", &roomy, json!({"app": db})),
+        bound("back-only", &roomy, json!({"tier": back})),
+        bound("both", &full, json!({"app": db, "tier": back})),
+    ] {
+        common::create::<Pod>(&admin, pod).await;
+    }
+    let term = |key: &str, value: &str| json!({"labelSelector": {"matchLabels": {key: value}}, "topologyKey": zone});
+    common::create::<Pod>(
+        &admin,
+        json!({"metadata": {"name": "client", "namespace": ns},
+            "spec": {"terminationGracePeriodSeconds": 0,
+                "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    [term("app", &db), term("tier", &back)]}},
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let client_is = |what: &'static str, check: fn(&Pod) -> bool| {
+        let pods = pods.clone();
+        async move {
+            let until = Instant::now() + LIMIT;
+            loop {
+                let p = pods.get("client").await.expect("get client");
+                if check(&p) {
+                    return p;
+                }
+                assert!(
+                    Instant::now() < until,
+                    "client not {what} after {LIMIT:?}: {p:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let p = client_is("found unschedulable", |p| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
+            })
+    })
+    .await;
+    assert_eq!(
+        p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        None,
+        "one pod per term in {z1} satisfied the scheduler"
+    );
+    // The scale-up `decide` plans: a node in the zone of the pod matching both terms.
+    let grown = unique("grown");
+    cluster.add_node(&grown, &[(zone, &z2)], json!([])).await;
+    let p = client_is("bound", |p| {
+        p.spec.as_ref().is_some_and(|s| s.node_name.is_some())
+    })
+    .await;
+    assert_eq!(
+        p.spec.and_then(|s| s.node_name).as_deref(),
+        Some(grown.as_str()),
+        "the pod matching both terms is in {z2}"
+    );
+    let _ = pods
+        .delete_collection(&Default::default(), &ListParams::default())
+        .await;
+    for node in [&roomy, &full, &grown] {
+        cluster.remove_node(node).await;
+    }
+}
+
 real_only! {
     pending_pods_bring_machines_that_join_become_ready_and_leave => super::scale_up_and_down;
+    the_scheduler_counts_a_pods_affinity_terms_together => super::affinity_terms_count_together;
 }
