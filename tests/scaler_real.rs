@@ -8,7 +8,7 @@
 //! budget opens to one (one machine is drained and deleted, its pod moved first), and the load
 //! goes away (the other is deleted).
 //!
-//! And the packing's model of inter-pod affinity, held to the real scheduler.
+//! And the packing's model of inter-pod constraints, held to the real scheduler and API server.
 
 mod common;
 
@@ -569,7 +569,53 @@ async fn affinity_terms_count_together(cluster: Cluster) {
     }
 }
 
+/// kube-apiserver merges `matchLabelKeys` into a spread's and an affinity term's selector at
+/// creation; the scaler's view of the stored pod has each merged requirement once.
+async fn match_label_keys_arrive_merged(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    let ns = unique("mlk");
+    common::create_namespace(&admin, &ns).await;
+    let selector = json!({"matchLabels": {"app": "web"}});
+    let pod: Pod = common::create(
+        &admin,
+        json!({"metadata": {"name": "p", "namespace": ns,
+                "labels": {"app": "web", "pod-template-hash": "abc"}},
+            "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                "nodeSelector": {"no-such-node": "true"},
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": selector, "topologyKey": "kubernetes.io/hostname",
+                     "matchLabelKeys": ["pod-template-hash"]}]}},
+                "topologySpreadConstraints": [{"maxSkew": 1,
+                    "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector,
+                    "matchLabelKeys": ["pod-template-hash"]}]}}),
+    )
+    .await;
+    let stored = serde_json::to_value(&pod).expect("pod json");
+    let hash = json!({"key": "pod-template-hash", "operator": "In", "values": ["abc"]});
+    for path in [
+        "/spec/topologySpreadConstraints/0/labelSelector/matchExpressions",
+        "/spec/affinity/podAntiAffinity/requiredDuringSchedulingIgnoredDuringExecution/0/labelSelector/matchExpressions",
+    ] {
+        assert_eq!(
+            stored.pointer(path),
+            Some(&json!([hash])),
+            "{path}: {stored}"
+        );
+    }
+    let view = nodeward::scaler::model::pod_view(&pod).expect("view");
+    let c = view.constraints.expect("constraints");
+    for selector in [&c.spread[0].selector, &c.anti_affinity[0].selector] {
+        let expressions = &selector.as_ref().expect("selector").expressions;
+        assert_eq!(expressions.len(), 1, "{expressions:?}");
+        assert_eq!(expressions[0].key, "pod-template-hash");
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let _ = pods.delete("p", &Default::default()).await;
+}
+
 real_only! {
     pending_pods_bring_machines_that_join_become_ready_and_leave => super::scale_up_and_down;
+    match_label_keys_arrive_merged_into_the_selectors => super::match_label_keys_arrive_merged;
     the_scheduler_counts_a_pods_affinity_terms_together => super::affinity_terms_count_together;
 }

@@ -427,7 +427,41 @@ fn toleration(t: &Toleration) -> TolerationView {
     }
 }
 
-fn pod_term(t: &PodAffinityTerm, own_namespace: &str) -> PodTermView {
+/// `selector` narrowed to the pod's own values of `match_keys` (`key In [value]`) and, for pod
+/// affinity, `mismatch_keys` (`key NotIn [value]`), as kube-apiserver merges them at creation
+/// (1.33 for affinity, 1.34 for spread) and older schedulers at scheduling. A key the pod does
+/// not have is ignored, as there; a requirement already in the selector is not added again.
+fn with_label_keys(
+    selector: Option<SelectorView>,
+    labels: &BTreeMap<String, String>,
+    match_keys: Option<&Vec<String>>,
+    mismatch_keys: Option<&Vec<String>>,
+) -> Option<SelectorView> {
+    let mut selector = selector?;
+    let matching = match_keys.into_iter().flatten().map(|k| (k, "In"));
+    let mismatching = mismatch_keys.into_iter().flatten().map(|k| (k, "NotIn"));
+    for (key, operator) in matching.chain(mismatching) {
+        let Some(value) = labels.get(key) else {
+            continue;
+        };
+        let r = Requirement {
+            key: key.clone(),
+            operator: operator.into(),
+            values: vec![value.clone()],
+            field: false,
+        };
+        if !selector.expressions.contains(&r) {
+            selector.expressions.push(r);
+        }
+    }
+    Some(selector)
+}
+
+fn pod_term(
+    t: &PodAffinityTerm,
+    own_namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> PodTermView {
     let namespaces = if t.namespace_selector.is_some() {
         Namespaces::All
     } else {
@@ -441,17 +475,26 @@ fn pod_term(t: &PodAffinityTerm, own_namespace: &str) -> PodTermView {
     };
     PodTermView {
         namespaces,
-        selector: t.label_selector.as_ref().map(SelectorView::from_selector),
+        selector: with_label_keys(
+            t.label_selector.as_ref().map(SelectorView::from_selector),
+            labels,
+            t.match_label_keys.as_ref(),
+            t.mismatch_label_keys.as_ref(),
+        ),
         topology_key: t.topology_key.clone(),
     }
 }
 
 /// The pod's required inter-pod constraints; `None` when it has none.
-fn constraints(spec: &PodSpec, namespace: &str) -> Option<Box<PodConstraints>> {
+fn constraints(
+    spec: &PodSpec,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Option<Box<PodConstraints>> {
     let terms = |ts: Option<&Vec<PodAffinityTerm>>| -> Vec<PodTermView> {
         ts.into_iter()
             .flatten()
-            .map(|t| pod_term(t, namespace))
+            .map(|t| pod_term(t, namespace, labels))
             .collect()
     };
     let affinity = spec.affinity.as_ref();
@@ -480,7 +523,12 @@ fn constraints(spec: &PodSpec, namespace: &str) -> Option<Box<PodConstraints>> {
             .map(|c| SpreadView {
                 max_skew: u32::try_from(c.max_skew).unwrap_or(1).max(1),
                 topology_key: c.topology_key.clone(),
-                selector: c.label_selector.as_ref().map(SelectorView::from_selector),
+                selector: with_label_keys(
+                    c.label_selector.as_ref().map(SelectorView::from_selector),
+                    labels,
+                    c.match_label_keys.as_ref(),
+                    None,
+                ),
                 min_domains: c
                     .min_domains
                     .and_then(|m| u32::try_from(m).ok())
@@ -569,12 +617,13 @@ pub fn pod_view(pod: &Pod) -> Option<PodView> {
         .find(|o| o.controller == Some(true))
         .map(|o| o.kind.clone());
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
     Some(PodView {
-        constraints: constraints(spec, &namespace),
+        constraints: constraints(spec, &namespace, &labels),
         namespace,
         name: pod.metadata.name.clone().unwrap_or_default(),
         uid: pod.metadata.uid.clone().unwrap_or_default(),
-        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        labels,
         node: spec.node_name.clone(),
         requests,
         node_selector: spec.node_selector.clone().unwrap_or_default(),

@@ -854,6 +854,77 @@ fn pod_view_keeps_only_required_terms_and_do_not_schedule_spread() {
     );
 }
 
+/// `matchLabelKeys` (and affinity's `mismatchLabelKeys`) narrow a term to the pod's own values
+/// of those labels, as kube-apiserver merges them into the selector at creation since 1.33/1.34
+/// (the real one does: tests/scaler_real.rs) and older schedulers do at scheduling: a rollout's
+/// new replicas spread among themselves, not against the old ReplicaSet's. Merged once, from
+/// either: a selector the API server already merged gains nothing; a key the pod lacks is
+/// ignored.
+#[test]
+fn pod_view_merges_match_label_keys_into_the_selectors() {
+    let view = |expressions: serde_json::Value| {
+        let selector = serde_json::json!({"matchLabels": {"app": "web"},
+            "matchExpressions": expressions});
+        let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns",
+                "labels": {"app": "web", "pod-template-hash": "abc", "tenant": "t1"}},
+            "spec": {"containers": [{"name": "c"}],
+                "affinity": {
+                    "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"labelSelector": selector, "topologyKey": ZONE,
+                         "matchLabelKeys": ["pod-template-hash", "absent"],
+                         "mismatchLabelKeys": ["tenant"]}]},
+                    "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"labelSelector": selector, "topologyKey": HOSTNAME,
+                         "matchLabelKeys": ["pod-template-hash"]}]}},
+                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": ZONE,
+                    "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector,
+                    "matchLabelKeys": ["pod-template-hash"]}]},
+        }))
+        .expect("pod");
+        let c = crate::scaler::model::pod_view(&p)
+            .expect("view")
+            .constraints
+            .expect("constraints");
+        let sel = |s: &Option<SelectorView>| s.clone().expect("selector");
+        (
+            sel(&c.affinity[0].selector),
+            sel(&c.anti_affinity[0].selector),
+            sel(&c.spread[0].selector),
+        )
+    };
+    let hash = req("pod-template-hash", "In", &["abc"]);
+    let labels = BTreeMap::from([("app".to_string(), "web".to_string())]);
+    let want = |expressions: Vec<Requirement>| SelectorView {
+        labels: labels.clone(),
+        expressions,
+    };
+    let (affinity, anti, spread) = view(serde_json::json!([]));
+    assert_eq!(
+        affinity,
+        want(vec![hash.clone(), req("tenant", "NotIn", &["t1"])])
+    );
+    assert_eq!(anti, want(vec![hash.clone()]));
+    assert_eq!(spread, want(vec![hash.clone()]));
+    // As kube-apiserver 1.37 stores it: already merged.
+    let merged = serde_json::json!([
+        {"key": "pod-template-hash", "operator": "In", "values": ["abc"]},
+        {"key": "tenant", "operator": "NotIn", "values": ["t1"]}]);
+    let (affinity, anti, spread) = view(merged);
+    assert_eq!(
+        affinity,
+        want(vec![hash.clone(), req("tenant", "NotIn", &["t1"])])
+    );
+    assert_eq!(
+        anti,
+        want(vec![hash.clone(), req("tenant", "NotIn", &["t1"])])
+    );
+    assert_eq!(
+        spread,
+        want(vec![hash.clone(), req("tenant", "NotIn", &["t1"])])
+    );
+}
+
 #[test]
 fn existing_node_taints_and_cordons_are_respected() {
     let s = settings(vec![group("web", 0, 3)]);

@@ -22,12 +22,12 @@
 //!
 //! A pod's affinity terms are counted together, as the scheduler does: a pod counts for them
 //! only if it matches every term (then in each term's topology domain), so two pods that each
-//! match one term satisfy nothing. Anti-affinity and spread count per term.
+//! match one term satisfy nothing. Anti-affinity and spread count per term. `matchLabelKeys`
+//! arrive merged into the selectors (`model::pod_view`).
 //!
-//! Simplified: `namespaceSelector` counts every
-//! namespace (the scaler does not list Namespaces); `matchLabelKeys` is ignored; spread takes
-//! `nodeTaintsPolicy` as `Ignore` (the default) and counts a new node's domain once a pod is
-//! placed there. A scale-down keeps the domains of the node it empties among a spread's eligible
+//! Simplified: `namespaceSelector` counts every namespace (the scaler does not list Namespaces);
+//! spread takes `nodeTaintsPolicy` as `Ignore` (the default) and counts a new node's domain once a
+//! pod is placed there. A scale-down keeps the domains of the node it empties among a spread's eligible
 //! ones (a hostname spread then sees an empty domain, and may refuse a move the scheduler would
 //! take: never the other way round).
 
