@@ -182,6 +182,7 @@ fn snapshot(nodes: usize, running: usize, pending: usize, running_cpu: i64) -> S
                     selector: term(&workload, ZONE).selector,
                     min_domains: 1,
                     ignore_node_affinity: false,
+                    honor_taints: false,
                 }],
                 ..PodConstraints::default()
             },

@@ -514,36 +514,7 @@ async fn affinity_terms_count_together(cluster: Cluster) {
     )
     .await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
-    let client_is = |what: &'static str, check: fn(&Pod) -> bool| {
-        let pods = pods.clone();
-        async move {
-            let until = Instant::now() + LIMIT;
-            loop {
-                let p = pods.get("client").await.expect("get client");
-                if check(&p) {
-                    return p;
-                }
-                assert!(
-                    Instant::now() < until,
-                    "client not {what} after {LIMIT:?}: {p:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    };
-    let p = client_is("found unschedulable", |p| {
-        p.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter().any(|c| {
-                    c.type_ == "PodScheduled"
-                        && c.status == "False"
-                        && c.reason.as_deref() == Some("Unschedulable")
-                })
-            })
-    })
-    .await;
+    let p = pod_until(&pods, "client", "found unschedulable", unschedulable).await;
     assert_eq!(
         p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
         None,
@@ -552,10 +523,7 @@ async fn affinity_terms_count_together(cluster: Cluster) {
     // The scale-up `decide` plans: a node in the zone of the pod matching both terms.
     let grown = unique("grown");
     cluster.add_node(&grown, &[(zone, &z2)], json!([])).await;
-    let p = client_is("bound", |p| {
-        p.spec.as_ref().is_some_and(|s| s.node_name.is_some())
-    })
-    .await;
+    let p = pod_until(&pods, "client", "bound", |p| node_of(p).is_some()).await;
     assert_eq!(
         p.spec.and_then(|s| s.node_name).as_deref(),
         Some(grown.as_str()),
@@ -565,6 +533,78 @@ async fn affinity_terms_count_together(cluster: Cluster) {
         .delete_collection(&Default::default(), &ListParams::default())
         .await;
     for node in [&roomy, &full, &grown] {
+        cluster.remove_node(node).await;
+    }
+}
+
+/// The pod `name` once `check` holds (the test fails after [`LIMIT`]).
+async fn pod_until(pods: &Api<Pod>, name: &str, what: &str, check: fn(&Pod) -> bool) -> Pod {
+    let until = Instant::now() + LIMIT;
+    loop {
+        let p = pods.get(name).await.expect("get pod");
+        if check(&p) {
+            return p;
+        }
+        assert!(
+            Instant::now() < until,
+            "{name} not {what} after {LIMIT:?}: {p:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The scheduler tried the pod and found no node for it.
+fn unschedulable(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
+        })
+}
+
+fn node_of(p: &Pod) -> Option<&str> {
+    p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+}
+
+/// `nodeTaintsPolicy: Honor`, held to the real scheduler: a zone whose only node has a taint
+/// the pod does not tolerate is no domain of its spread; under the default `Ignore` it is one,
+/// at 0, and the same pod is unschedulable (`decide`'s "nodeTaintsPolicy Honor" case).
+async fn spread_honours_taints(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    let ns = unique("honor");
+    common::create_namespace(&admin, &ns).await;
+    let zone = "topology.kubernetes.io/zone";
+    let (z1, z2) = (unique("zone"), unique("zone"));
+    let app = unique("web");
+    let (roomy, tainted) = (unique("roomy"), unique("tainted"));
+    cluster.add_node(&roomy, &[(zone, &z1)], json!([])).await;
+    let dedicated = json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]);
+    cluster.add_node(&tainted, &[(zone, &z2)], dedicated).await;
+    let web = |name: &str, node: Option<&str>, policy: &str| {
+        json!({"metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+                "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": zone,
+                    "whenUnsatisfiable": "DoNotSchedule", "nodeTaintsPolicy": policy,
+                    "labelSelector": {"matchLabels": {"app": app}}}],
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}})
+    };
+    common::create::<Pod>(&admin, web("web-0", Some(&roomy), "Honor")).await;
+    common::create::<Pod>(&admin, web("honours", None, "Honor")).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let p = pod_until(&pods, "honours", "bound", |p| node_of(p).is_some()).await;
+    assert_eq!(node_of(&p), Some(roomy.as_str()), "{z2} is no domain");
+    common::create::<Pod>(&admin, web("ignores", None, "Ignore")).await;
+    let p = pod_until(&pods, "ignores", "found unschedulable", unschedulable).await;
+    assert_eq!(node_of(&p), None, "{z2} is a domain at 0 under Ignore");
+    let _ = pods
+        .delete_collection(&Default::default(), &ListParams::default())
+        .await;
+    for node in [&roomy, &tainted] {
         cluster.remove_node(node).await;
     }
 }
@@ -618,4 +658,5 @@ real_only! {
     pending_pods_bring_machines_that_join_become_ready_and_leave => super::scale_up_and_down;
     match_label_keys_arrive_merged_into_the_selectors => super::match_label_keys_arrive_merged;
     the_scheduler_counts_a_pods_affinity_terms_together => super::affinity_terms_count_together;
+    a_spread_honouring_taints_leaves_a_repelling_zone_out => super::spread_honours_taints;
 }

@@ -957,13 +957,16 @@ fn topology(
             node: bin_node.get(i).copied().flatten(),
         })
         .collect();
-    let template_labels: Vec<&BTreeMap<String, String>> =
-        cx.templates.iter().map(|t| &t.labels).collect();
+    let templates: Vec<(&BTreeMap<String, String>, &[TaintView])> = cx
+        .templates
+        .iter()
+        .map(|t| (&t.labels, t.taints.as_slice()))
+        .collect();
     Topology::new(
         &cx.snap.nodes,
         &cx.topology_pods(),
         &sites,
-        &template_labels,
+        &templates,
         movers,
         sets,
     )

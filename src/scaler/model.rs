@@ -196,6 +196,9 @@ pub struct SpreadView {
     /// `nodeAffinityPolicy: Ignore`: every node with the key is a domain, not only those the
     /// pod's node selector and required node affinity accept (`Honor`, the default).
     pub ignore_node_affinity: bool,
+    /// `nodeTaintsPolicy: Honor`: a node whose lasting `NoSchedule`/`NoExecute` taints the pod
+    /// does not tolerate is no domain (`Ignore`, the default, counts every node).
+    pub honor_taints: bool,
 }
 
 /// A pod's hard inter-pod placement constraints. Absent (`None` in [`PodView`]) for the many pods
@@ -535,6 +538,7 @@ fn constraints(
                     .unwrap_or(1)
                     .max(1),
                 ignore_node_affinity: c.node_affinity_policy.as_deref() == Some("Ignore"),
+                honor_taints: c.node_taints_policy.as_deref() == Some("Honor"),
             })
             .collect(),
     };

@@ -553,6 +553,7 @@ fn zone_spread(p: PodView, app: &str, max_skew: u32) -> PodView {
                 selector: app_term(app, ZONE).selector,
                 min_domains: 1,
                 ignore_node_affinity: false,
+                honor_taints: false,
             }],
             ..PodConstraints::default()
         },
@@ -763,6 +764,34 @@ fn inter_pod_constraints_shape_the_scale_up() {
             refused: vec!["default/web-1"],
         },
         Case {
+            name: "zone spread, nodeTaintsPolicy Honor: a zone whose only node repels the pod is no domain",
+            groups: vec![zoned("a", 0, 10, "zone-1")],
+            snap: {
+                let mut snap = Snapshot::default();
+                zoned_member(&mut snap, "n1", "a", "zone-1");
+                snap.pods
+                    .push(on(labelled(pod("web-0", 4000, 1), "web"), "n1"));
+                // Under Ignore this node keeps zone-2 in the spread, at 0 (the case above).
+                snap.nodes.push(node("n2", None));
+                if let Some(n) = snap.nodes.last_mut() {
+                    n.labels.insert(ZONE.into(), "zone-2".into());
+                    n.taints.push(TaintView {
+                        key: "dedicated".into(),
+                        value: "db".into(),
+                        effect: "NoSchedule".into(),
+                    });
+                }
+                let mut web = zone_spread(labelled(pod("web-1", 500, 1), "web"), "web", 1);
+                if let Some(c) = web.constraints.as_deref_mut() {
+                    c.spread[0].honor_taints = true;
+                }
+                snap.pods.push(web);
+                snap
+            },
+            ups: vec![("a", 1)],
+            refused: vec![],
+        },
+        Case {
             name: "without constraints, three replicas share one node as before",
             groups: web(),
             snap: Snapshot {
@@ -833,7 +862,8 @@ fn pod_view_keeps_only_required_terms_and_do_not_schedule_spread() {
                  "namespaceSelector": {}}]},
         }),
         serde_json::json!([{"maxSkew": 2, "topologyKey": ZONE, "minDomains": 3,
-            "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "db"}}}]),
+            "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "db"}},
+            "nodeTaintsPolicy": "Honor"}]),
     )
     .expect("constraints");
     let mut own = app_term("db", HOSTNAME);
@@ -850,6 +880,7 @@ fn pod_view_keeps_only_required_terms_and_do_not_schedule_spread() {
             selector: app_term("db", ZONE).selector,
             min_domains: 3,
             ignore_node_affinity: false,
+            honor_taints: true,
         }]
     );
 }

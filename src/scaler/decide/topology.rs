@@ -25,18 +25,22 @@
 //! match one term satisfy nothing. Anti-affinity and spread count per term. `matchLabelKeys`
 //! arrive merged into the selectors (`model::pod_view`).
 //!
+//! A spread's eligible domains follow `nodeAffinityPolicy` and `nodeTaintsPolicy`: under `Honor`
+//! a node (or a group's new node) whose lasting taints the pod does not tolerate adds none.
+//!
 //! Simplified: `namespaceSelector` counts every namespace (the scaler does not list Namespaces);
-//! spread takes `nodeTaintsPolicy` as `Ignore` (the default) and counts a new node's domain once a
-//! pod is placed there. A scale-down keeps the domains of the node it empties among a spread's eligible
+//! a spread counts the matching pods on every node of a domain, also those on nodes its policies
+//! leave out, and counts a new node's domain once a pod is placed there. A scale-down keeps the domains of the node it empties among a spread's eligible
 //! ones (a hostname spread then sees an empty domain, and may refuse a move the scheduler would
 //! take: never the other way round).
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::label_sets::LabelSet;
-use super::{FastMap, selector_selects, selects};
+use super::{FastMap, selector_selects, selects, tolerates};
 use crate::scaler::model::{
-    Namespaces, NodeView, PodTermView, PodView, Requirement, SelectorView, SpreadView,
+    Namespaces, NodeView, PodTermView, PodView, Requirement, SelectorView, SpreadView, TaintView,
+    TolerationView,
 };
 
 /// The label that makes every node its own domain.
@@ -357,7 +361,7 @@ impl Topology {
         nodes: &[NodeView],
         pods: &Pods<'_>,
         bins: &[BinSite<'_>],
-        templates: &[&BTreeMap<String, String>],
+        templates: &[(&BTreeMap<String, String>, &[TaintView])],
         pending: &[&PodView],
         pending_sets: &[usize],
     ) -> Self {
@@ -378,15 +382,19 @@ impl Topology {
         };
         let mut index = Interner::default();
         index.keys.insert(HOSTNAME.to_string(), 0);
+        // (counter, nodeAffinityPolicy Ignore, node selector, node affinity, the tolerations
+        // under nodeTaintsPolicy Honor): what decides a spread's eligible domains.
         type SpreadKey<'p> = (
             usize,
             bool,
             &'p BTreeMap<String, String>,
             &'p Vec<Vec<Requirement>>,
+            Option<&'p Vec<TolerationView>>,
         );
         let mut spread_index: FastMap<SpreadKey<'_>, usize> = FastMap::default();
         let mut spread_pod: Vec<&PodView> = Vec::new();
         let mut spread_ignore: Vec<bool> = Vec::new();
+        let mut spread_honor: Vec<bool> = Vec::new();
 
         // The pending pods' own terms, then the anti-affinity every running pod carries.
         for (qi, p) in pending.iter().enumerate() {
@@ -415,6 +423,7 @@ impl Topology {
                         sc.ignore_node_affinity,
                         &p.node_selector,
                         &p.affinity_terms,
+                        sc.honor_taints.then_some(&p.tolerations),
                     ),
                     |_| {
                         t.spreads.push(Spread {
@@ -428,6 +437,7 @@ impl Topology {
                         t.spreads_of[ci].push(t.spreads.len() - 1);
                         spread_pod.push(p);
                         spread_ignore.push(sc.ignore_node_affinity);
+                        spread_honor.push(sc.honor_taints);
                         t.spreads.len() - 1
                     },
                 );
@@ -465,7 +475,7 @@ impl Topology {
             };
             t.bin_domains.push(d);
         }
-        for labels in templates {
+        for &(labels, _) in templates {
             let d = t.domains_of(labels, None);
             t.group_domains.push(d);
         }
@@ -514,11 +524,19 @@ impl Topology {
         // nodes are eligible. For a pod that takes any node, every domain a node has: found
         // once per key, not once per spread over all the nodes.
         let mut every_domain: Vec<Option<Vec<u32>>> = vec![None; t.keys.len()];
+        // The taints a pod meets on each node once it is up, for `nodeTaintsPolicy: Honor`.
+        let lasting: Vec<Vec<TaintView>> = if spread_honor.contains(&true) {
+            nodes.iter().map(NodeView::lasting_taints).collect()
+        } else {
+            Vec::new()
+        };
         for (si, p) in spread_pod.iter().enumerate() {
             let key = t.counters[t.spreads[si].counter].key;
-            // Without a node selector or affinity every node is eligible.
+            let (ignore, honor) = (spread_ignore[si], spread_honor[si]);
+            // Without a node selector or affinity, and without taints to honour, every node is
+            // eligible.
             let any =
-                spread_ignore[si] || (p.node_selector.is_empty() && p.affinity_terms.is_empty());
+                !honor && (ignore || (p.node_selector.is_empty() && p.affinity_terms.is_empty()));
             if any {
                 let list = every_domain[key].get_or_insert_with(|| {
                     let mut seen = Vec::new();
@@ -537,11 +555,16 @@ impl Topology {
                 }
                 s.domains.extend_from_slice(list);
             }
-            for (n, domains) in nodes.iter().zip(&node_domains).filter(|_| !any) {
+            for (ni, (n, domains)) in nodes.iter().zip(&node_domains).enumerate() {
+                if any {
+                    break;
+                }
                 let Some(d) = domains[key] else {
                     continue;
                 };
-                if selects(p, &n.labels, &n.name) {
+                if (ignore || selects(p, &n.labels, &n.name))
+                    && (!honor || tolerates(p, &lasting[ni]))
+                {
                     let s = &mut t.spreads[si];
                     if !s.eligible.get(d as usize).copied().unwrap_or(false) {
                         set_flag(&mut s.eligible, d, true);
@@ -551,7 +574,9 @@ impl Topology {
             }
             t.spreads[si].group_eligible = templates
                 .iter()
-                .map(|labels| spread_ignore[si] || selects(p, labels, ""))
+                .map(|&(labels, taints)| {
+                    (ignore || selects(p, labels, "")) && (!honor || tolerates(p, taints))
+                })
                 .collect();
         }
         t.group_fresh = (0..templates.len())
@@ -966,6 +991,7 @@ mod tests {
             }),
             min_domains: 1,
             ignore_node_affinity: false,
+            honor_taints: false,
         };
         PodView {
             namespace: "default".into(),
@@ -1105,7 +1131,8 @@ mod tests {
             labels(&[(ZONE, "c"), ("pool", "x")]),
             labels(&[(ZONE, "d"), ("pool", "y")]),
         ];
-        let template_refs: Vec<&BTreeMap<String, String>> = templates.iter().collect();
+        let template_refs: Vec<(&BTreeMap<String, String>, &[TaintView])> =
+            templates.iter().map(|l| (l, &[][..])).collect();
         // Bins: node n1, then a registering machine of each group.
         let bins: Vec<BinSite<'_>> = std::iter::once(BinSite {
             labels: &nodes[0].labels,
