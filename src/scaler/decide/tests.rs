@@ -792,6 +792,31 @@ fn inter_pod_constraints_shape_the_scale_up() {
             refused: vec![],
         },
         Case {
+            name: "two pods of one spread with different minDomains: each is held to its own",
+            groups: vec![zoned("a", 0, 10, "zone-1"), zoned("b", 0, 10, "zone-2")],
+            snap: {
+                let mut snap = Snapshot::default();
+                zoned_member(&mut snap, "n1", "a", "zone-1");
+                zoned_member(&mut snap, "n2", "b", "zone-2");
+                snap.pods
+                    .push(on(labelled(pod("web-0", 4000, 1), "web"), "n1"));
+                snap.pods
+                    .push(on(labelled(pod("web-1", 4000, 1), "web"), "n2"));
+                // Two zones: minDomains 3 takes the global minimum as 0, so a second pod in
+                // either zone skews it by 2.
+                for (name, min_domains) in [("web-a", 1), ("web-b", 3)] {
+                    let mut web = zone_spread(labelled(pod(name, 500, 1), "web"), "web", 1);
+                    if let Some(c) = web.constraints.as_deref_mut() {
+                        c.spread[0].min_domains = min_domains;
+                    }
+                    snap.pods.push(web);
+                }
+                snap
+            },
+            ups: vec![("a", 1)],
+            refused: vec!["default/web-b"],
+        },
+        Case {
             name: "without constraints, three replicas share one node as before",
             groups: web(),
             snap: Snapshot {

@@ -382,10 +382,11 @@ impl Topology {
         };
         let mut index = Interner::default();
         index.keys.insert(HOSTNAME.to_string(), 0);
-        // (counter, nodeAffinityPolicy Ignore, node selector, node affinity, the tolerations
-        // under nodeTaintsPolicy Honor): what decides a spread's eligible domains.
+        // (counter, minDomains, nodeAffinityPolicy Ignore, node selector, node affinity, the
+        // tolerations under nodeTaintsPolicy Honor): what a spread's state depends on.
         type SpreadKey<'p> = (
             usize,
+            u32,
             bool,
             &'p BTreeMap<String, String>,
             &'p Vec<Vec<Requirement>>,
@@ -420,6 +421,7 @@ impl Topology {
                     &mut spread_index,
                     (
                         ci,
+                        sc.min_domains,
                         sc.ignore_node_affinity,
                         &p.node_selector,
                         &p.affinity_terms,
