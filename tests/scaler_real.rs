@@ -553,18 +553,9 @@ async fn pod_until(pods: &Api<Pod>, name: &str, what: &str, check: fn(&Pod) -> b
     }
 }
 
-/// The scheduler tried the pod and found no node for it.
+/// The scheduler tried the pod and found no node for it, as the scaler reads it.
 fn unschedulable(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            })
-        })
+    nodeward::scaler::model::pod_view(p).is_some_and(|v| v.unschedulable)
 }
 
 fn node_of(p: &Pod) -> Option<&str> {

@@ -574,6 +574,21 @@ fn zoned_member(snap: &mut Snapshot, name: &str, group: &str, zone: &str) {
     }
 }
 
+/// Group "a"'s node n1 in zone-1 and a node n2 outside any group in zone-2 with `taints`, both
+/// full (n1 with an `app=web` pod).
+fn zone_2_outside_the_groups(taints: Vec<TaintView>) -> Snapshot {
+    let mut snap = Snapshot::default();
+    zoned_member(&mut snap, "n1", "a", "zone-1");
+    snap.pods
+        .push(on(labelled(pod("web-0", 4000, 1), "web"), "n1"));
+    let mut n2 = node("n2", None);
+    n2.labels.insert(ZONE.into(), "zone-2".into());
+    n2.taints = taints;
+    snap.nodes.push(n2);
+    snap.pods.push(on(pod("filler", 4000, 1), "n2"));
+    snap
+}
+
 /// Required pod affinity, anti-affinity (both ways) and `DoNotSchedule` spread: which groups
 /// grow by how much, and which pods are refused for a constraint no new node can meet.
 #[test]
@@ -746,16 +761,8 @@ fn inter_pod_constraints_shape_the_scale_up() {
             name: "zone spread no group can satisfy: refused, not a useless node",
             groups: vec![zoned("a", 0, 10, "zone-1")],
             snap: {
-                let mut snap = Snapshot::default();
-                zoned_member(&mut snap, "n1", "a", "zone-1");
-                snap.pods
-                    .push(on(labelled(pod("web-0", 4000, 1), "web"), "n1"));
-                // A full node outside any group keeps zone-2 in the spread, at 0.
-                snap.nodes.push(node("n2", None));
-                if let Some(n) = snap.nodes.last_mut() {
-                    n.labels.insert(ZONE.into(), "zone-2".into());
-                }
-                snap.pods.push(on(pod("filler", 4000, 1), "n2"));
+                // The node outside any group keeps zone-2 in the spread, at 0.
+                let mut snap = zone_2_outside_the_groups(Vec::new());
                 snap.pods
                     .push(zone_spread(labelled(pod("web-1", 500, 1), "web"), "web", 1));
                 snap
@@ -767,20 +774,12 @@ fn inter_pod_constraints_shape_the_scale_up() {
             name: "zone spread, nodeTaintsPolicy Honor: a zone whose only node repels the pod is no domain",
             groups: vec![zoned("a", 0, 10, "zone-1")],
             snap: {
-                let mut snap = Snapshot::default();
-                zoned_member(&mut snap, "n1", "a", "zone-1");
-                snap.pods
-                    .push(on(labelled(pod("web-0", 4000, 1), "web"), "n1"));
-                // Under Ignore this node keeps zone-2 in the spread, at 0 (the case above).
-                snap.nodes.push(node("n2", None));
-                if let Some(n) = snap.nodes.last_mut() {
-                    n.labels.insert(ZONE.into(), "zone-2".into());
-                    n.taints.push(TaintView {
-                        key: "dedicated".into(),
-                        value: "db".into(),
-                        effect: "NoSchedule".into(),
-                    });
-                }
+                // Under Ignore the tainted node keeps zone-2 in the spread (the case above).
+                let mut snap = zone_2_outside_the_groups(vec![TaintView {
+                    key: "dedicated".into(),
+                    value: "db".into(),
+                    effect: "NoSchedule".into(),
+                }]);
                 let mut web = zone_spread(labelled(pod("web-1", 500, 1), "web"), "web", 1);
                 if let Some(c) = web.constraints.as_deref_mut() {
                     c.spread[0].honor_taints = true;
