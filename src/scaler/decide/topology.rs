@@ -539,6 +539,11 @@ impl Topology {
             // eligible.
             let any =
                 !honor && (ignore || (p.node_selector.is_empty() && p.affinity_terms.is_empty()));
+            // Whether a node (or a group's new node) with these labels and lasting taints makes
+            // its domain eligible.
+            let admits = |labels: &BTreeMap<String, String>, name: &str, taints: &[TaintView]| {
+                (ignore || selects(p, labels, name)) && (!honor || tolerates(p, taints))
+            };
             if any {
                 let list = every_domain[key].get_or_insert_with(|| {
                     let mut seen = Vec::new();
@@ -556,29 +561,24 @@ impl Topology {
                     set_flag(&mut s.eligible, d, true);
                 }
                 s.domains.extend_from_slice(list);
-            }
-            for (ni, (n, domains)) in nodes.iter().zip(&node_domains).enumerate() {
-                if any {
-                    break;
-                }
-                let Some(d) = domains[key] else {
-                    continue;
-                };
-                if (ignore || selects(p, &n.labels, &n.name))
-                    && (!honor || tolerates(p, &lasting[ni]))
-                {
-                    let s = &mut t.spreads[si];
-                    if !s.eligible.get(d as usize).copied().unwrap_or(false) {
-                        set_flag(&mut s.eligible, d, true);
-                        s.domains.push(d);
+            } else {
+                for (ni, (n, domains)) in nodes.iter().zip(&node_domains).enumerate() {
+                    let Some(d) = domains[key] else {
+                        continue;
+                    };
+                    let taints = if honor { lasting[ni].as_slice() } else { &[] };
+                    if admits(&n.labels, &n.name, taints) {
+                        let s = &mut t.spreads[si];
+                        if !s.eligible.get(d as usize).copied().unwrap_or(false) {
+                            set_flag(&mut s.eligible, d, true);
+                            s.domains.push(d);
+                        }
                     }
                 }
             }
             t.spreads[si].group_eligible = templates
                 .iter()
-                .map(|&(labels, taints)| {
-                    (ignore || selects(p, labels, "")) && (!honor || tolerates(p, taints))
-                })
+                .map(|&(labels, taints)| admits(labels, "", taints))
                 .collect();
         }
         t.group_fresh = (0..templates.len())
