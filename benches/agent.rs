@@ -52,6 +52,8 @@ async fn emulator() -> Arc<EmulatorHandle> {
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-flannel"}}),
     )
     .expect("ns");
+    emu.seed_daemonset("kube-flannel", "kube-flannel-ds")
+        .expect("daemonset");
     emu.seed_pod(
         PodSeed::new("kube-flannel", "kube-flannel-ds-x")
             .node(NODE)

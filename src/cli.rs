@@ -117,12 +117,14 @@ pub struct DrainArgs {
     /// Print the plan (per pod: action, wave, reason) and change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Evict pods that no controller manages.
-    #[arg(long)]
-    pub force: bool,
-    /// Evict pods with emptyDir volumes.
-    #[arg(long)]
-    pub delete_emptydir_data: bool,
+    /// Evict pods that no controller manages, and pods whose DaemonSet is gone (default:
+    /// drain.force); --force=false says no.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub force: Option<bool>,
+    /// Evict pods with emptyDir volumes, deleting their data (default: drain.delete_emptydir_data,
+    /// or drain.delete_emptydir_data_on_shutdown during a system shutdown); =false says no.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub delete_emptydir_data: Option<bool>,
     /// Kubeconfig to use (default: node.kubeconfig, else KUBECONFIG / ~/.kube/config / in-cluster).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
@@ -197,5 +199,28 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// kubectl drain's boolean flags: bare means yes, `=false` says no, absent leaves the config's.
+    #[test]
+    fn drain_flags_can_say_yes_or_no() {
+        let parse = |args: &[&str]| {
+            let cli =
+                Cli::try_parse_from(["nodeward", "drain"].iter().chain(args)).expect("parses");
+            match cli.command {
+                Command::Drain(d) => (d.node, d.force, d.delete_emptydir_data),
+                other => panic!("not drain: {other:?}"),
+            }
+        };
+        assert_eq!(parse(&["n1"]), (Some("n1".into()), None, None));
+        assert_eq!(
+            parse(&["--force", "n1", "--delete-emptydir-data"]),
+            (Some("n1".into()), Some(true), Some(true))
+        );
+        assert_eq!(
+            parse(&["n1", "--delete-emptydir-data=false", "--force=false"]),
+            (Some("n1".into()), Some(false), Some(false))
+        );
+        assert!(Cli::try_parse_from(["nodeward", "drain", "--force=maybe"]).is_err());
     }
 }

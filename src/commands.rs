@@ -199,8 +199,7 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         opts.timeout = crate::validate::duration(t)
             .map_err(|form| anyhow::anyhow!("--timeout {t:?}: expected {form}"))?;
     }
-    opts.plan.force |= args.force;
-    opts.plan.delete_emptydir_data |= args.delete_emptydir_data;
+    let timeout = opts.timeout;
     // As nodeward-drain.service's ExecStop during a system shutdown: the agent's policy, and
     // nothing the agent already did (see crate::shutdown). The cordon is a shutdown cordon that
     // the agent lifts after the reboot; an operator's drain stays.
@@ -233,9 +232,17 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
                 kind
             }
         };
-        opts.shutdown = true;
-        opts.reason = format!("shutdown ({kind:?}; nodeward-drain.service stopped by the system)")
+        let reason = format!("shutdown ({kind:?}; nodeward-drain.service stopped by the system)")
             .to_lowercase();
+        opts = crate::drain::DrainOptions::for_leaving_node(&settings.drain, reason, true);
+        opts.timeout = timeout;
+    }
+    // The operator's word beats either default.
+    if let Some(force) = args.force {
+        opts.plan.force = force;
+    }
+    if let Some(delete) = args.delete_emptydir_data {
+        opts.plan.delete_emptydir_data = delete;
     }
     // As nodeward-drain.service's ExecStop, systemd would kill this at the unit's
     // TimeoutStopSec=, however drain.timeout is set: ask for this drain's own deadline instead.
@@ -247,7 +254,7 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
     let client = client_for(args.kubeconfig.as_deref(), &settings).await?;
     if args.dry_run {
         let plan = crate::drain::dry_run(&client, &node, &opts).await?;
-        print_plan(&node, &plan);
+        print_plan(&node, &opts.plan, &plan);
         return Ok(EXIT_OK);
     }
     if policy == crate::config::ShutdownPolicy::Cordon {
@@ -282,16 +289,20 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
     })
 }
 
-fn print_plan(node: &str, plan: &crate::drain::plan::Plan) {
+fn print_plan(node: &str, opts: &crate::drain::plan::PlanOptions, plan: &crate::drain::plan::Plan) {
     use crate::drain::plan::Decision;
     println!("plan for node {node} (dry run: nothing changed)");
-    println!("{:<8} {:<5} {:<50} REASON", "ACTION", "WAVE", "POD");
+    println!(
+        "force={} delete-emptydir-data={}",
+        opts.force, opts.delete_emptydir_data
+    );
+    println!("{:<8} {:<5} {:<50} RULE", "ACTION", "WAVE", "POD");
     for p in &plan.pods {
         let (action, wave, reason) = match p.decision {
-            Decision::Evict { wave } => (
+            Decision::Evict { wave, rule } => (
                 "evict",
                 wave.to_string(),
-                format!("priority {}", p.priority),
+                format!("{rule}; priority {}", p.priority),
             ),
             Decision::Skip(why) => ("skip", "-".to_string(), why.to_string()),
             Decision::Refuse(why) => ("refuse", "-".to_string(), why.to_string()),

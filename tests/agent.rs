@@ -51,6 +51,8 @@ fn seed_flannel(emu: &EmulatorHandle, ready: bool) {
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-flannel"}}),
         )
         .expect("namespace");
+        emu.seed_daemonset("kube-flannel", "kube-flannel-ds")
+            .expect("daemonset");
     }
     emu.seed_pod(
         PodSeed::new("kube-flannel", "kube-flannel-ds-abcde")

@@ -46,7 +46,6 @@ async fn client(emu: &EmulatorHandle) -> kube::Client {
 fn options(timeout: Duration) -> DrainOptions {
     let mut o = DrainOptions::from_settings(&Settings::default().drain, "test");
     o.timeout = timeout;
-    o.plan.delete_emptydir_data = false;
     o
 }
 
@@ -108,6 +107,7 @@ fn event_reasons(emu: &EmulatorHandle) -> Vec<String> {
 async fn skips_daemonset_mirror_and_finished_pods() {
     let emu = emulator().await;
     emu.seed_pod(web("web-1")).expect("pod");
+    emu.seed_daemonset("kube-system", "flannel").expect("ds");
     emu.seed_pod(
         PodSeed::new("kube-system", "flannel-x")
             .node(NODE)
@@ -191,6 +191,68 @@ async fn refuses_unmanaged_and_emptydir_pods_unless_allowed() {
         "the annotation still wins: {report}"
     );
     assert_eq!(pods_on(&emu, NODE), ["pinned"]);
+}
+
+/// An operator's drain keeps kubectl's default for emptyDir pods (refused unless asked); a drain
+/// for a leaving node deletes their data by default (the shutdown stops them either way).
+#[tokio::test]
+async fn emptydir_pods_are_refused_by_default_except_when_the_node_leaves() {
+    let emu = emulator().await;
+    emu.seed_pod(web("scratch").empty_dir()).expect("emptydir");
+    let c = client(&emu).await;
+    let mut o = DrainOptions::from_settings(&Settings::default().drain, "operator");
+    o.timeout = Duration::from_secs(10);
+    let report = drain::drain(&c, NODE, &o).await.expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Refused, "{report}");
+    assert_eq!(pods_on(&emu, NODE), ["scratch"]);
+
+    let mut o = DrainOptions::for_leaving_node(&Settings::default().drain, "shutdown", true);
+    o.timeout = Duration::from_secs(10);
+    let report = drain::drain(&c, NODE, &o).await.expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    assert!(pods_on(&emu, NODE).is_empty());
+}
+
+/// A pod whose DaemonSet is gone has nothing to recreate it: refused without force (the drain
+/// does not say "drained" with it still there), evicted with it, as kubectl drain does. A
+/// DaemonSet of another API group is an ordinary controller.
+#[tokio::test]
+async fn pods_of_a_missing_daemonset_are_refused_unless_forced() {
+    let emu = emulator().await;
+    emu.seed_daemonset("kube-system", "flannel").expect("ds");
+    emu.seed_pod(
+        PodSeed::new("kube-system", "flannel-x")
+            .node(NODE)
+            .owner("DaemonSet", "flannel")
+            .ready(true),
+    )
+    .expect("live ds pod");
+    emu.seed_pod(
+        PodSeed::new("kube-system", "orphan-x")
+            .node(NODE)
+            .owner("DaemonSet", "deleted")
+            .ready(true),
+    )
+    .expect("orphan");
+    let c = client(&emu).await;
+    let report = drain::drain(&c, NODE, &options(Duration::from_secs(10)))
+        .await
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Refused, "{report}");
+    assert_eq!(
+        report.refused,
+        [(
+            report.refused[0].0.clone(),
+            Refusal::Plan(RefuseReason::OrphanedDaemonSet)
+        )]
+    );
+    assert_eq!(report.refused[0].0.name, "orphan-x");
+
+    let mut o = options(Duration::from_secs(10));
+    o.plan.force = true;
+    let report = drain::drain(&c, NODE, &o).await.expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    assert_eq!(pods_on(&emu, NODE), ["flannel-x"]);
 }
 
 /// maxUnavailable 1 over 5 replicas: at no moment do fewer than 4 stay healthy, and the drain
@@ -568,6 +630,7 @@ async fn a_failing_budget_list_does_not_block_evictions() {
 #[tokio::test]
 async fn nothing_to_evict_publishes_no_empty_events() {
     let emu = emulator().await;
+    emu.seed_daemonset("kube-system", "flannel").expect("ds");
     emu.seed_pod(
         PodSeed::new("kube-system", "flannel-x")
             .node(NODE)

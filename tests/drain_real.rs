@@ -217,6 +217,7 @@ async fn each_agent_rule_is_needed(cluster: Cluster) {
         ("pods", "list the node's pods"),
         ("pods/eviction", "evict"),
         ("poddisruptionbudgets", "budgets"),
+        ("daemonsets", "whether a DaemonSet pod's DaemonSet exists"),
     ];
     for (resource, what) in needed {
         let (admin, ns, target, spare) = setup(&cluster, 2).await;

@@ -69,8 +69,7 @@ impl Agent {
         };
         let node = self.node.clone();
         let exclude_lb = s.drain.exclude_from_load_balancers;
-        let mut opts = crate::drain::DrainOptions::from_settings(&s.drain, reason.clone());
-        opts.shutdown = true;
+        let opts = crate::drain::DrainOptions::for_leaving_node(&s.drain, reason.clone(), true);
         let until = now + deadline;
         Some(match policy {
             ShutdownPolicy::Nothing => {

@@ -119,8 +119,10 @@ fragment!(
         on_deadline: OnDeadline,
         /// Evict unmanaged pods.
         force: bool,
-        /// Evict emptyDir pods.
+        /// Evict emptyDir pods (operator's drain).
         delete_emptydir_data: bool,
+        /// Evict emptyDir pods (leaving node).
+        delete_emptydir_data_on_shutdown: bool,
         /// Evictions in flight.
         concurrency: Positive,
         /// Exclude from load balancers while draining.
@@ -437,6 +439,9 @@ impl Fragment {
                 delete_emptydir_data: drain
                     .delete_emptydir_data
                     .unwrap_or(d.drain.delete_emptydir_data),
+                delete_emptydir_data_on_shutdown: drain
+                    .delete_emptydir_data_on_shutdown
+                    .unwrap_or(d.drain.delete_emptydir_data_on_shutdown),
                 concurrency: drain.concurrency.map_or(d.drain.concurrency, |c| c.0),
                 exclude_from_load_balancers: drain
                     .exclude_from_load_balancers

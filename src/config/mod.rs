@@ -152,8 +152,12 @@ pub struct DrainSettings {
     pub on_deadline: OnDeadline,
     /// Evict pods no controller manages (they are not recreated anywhere).
     pub force: bool,
-    /// Evict pods with emptyDir volumes (their data is lost).
+    /// Evict pods with emptyDir volumes (their data is lost) in an operator's drain of a node
+    /// that stays: `nodeward drain`, `systemctl stop nodeward-drain` outside a shutdown.
     pub delete_emptydir_data: bool,
+    /// The same for a node that is leaving: a system shutdown or reboot, or the scaler removing
+    /// the machine.
+    pub delete_emptydir_data_on_shutdown: bool,
     /// Evictions in flight at once.
     pub concurrency: u32,
     /// Label the node `node.kubernetes.io/exclude-from-external-load-balancers` while draining.
@@ -172,9 +176,15 @@ impl Default for Settings {
                 timeout: Duration::from_secs(90),
                 on_deadline: OnDeadline::Abandon,
                 force: false,
-                // A node that is shutting down loses its emptyDir data anyway; refusing would only
-                // mean the pod is killed by the shutdown instead of evicted through its budget.
-                delete_emptydir_data: true,
+                // An operator's drain of a node that stays up: kubectl drain's default. The pod's
+                // scratch data would be lost without anyone having asked.
+                delete_emptydir_data: false,
+                // A leaving node stops the pod either way, and its scratch data with it (a
+                // removed machine's disk, a memory-backed volume at any shutdown; after a reboot
+                // only if the pod was not replaced meanwhile): refusing would only mean the pod
+                // is killed by the shutdown instead of evicted through its budget and started
+                // elsewhere at once.
+                delete_emptydir_data_on_shutdown: true,
                 // Enough to evict a full node (kubelet's default max is 110 pods) in a few round
                 // trips without bursting hundreds of requests at the API server at once.
                 concurrency: 32,

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use futures::stream::{BoxStream, FuturesUnordered};
 use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, EvictParams, PostParams};
+use kube::api::{Api, DeleteParams, EvictParams, PartialObjectMeta, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::watcher::{self, watcher};
@@ -70,7 +71,7 @@ pub enum Error {
     },
     /// The node's pods could not be listed before the deadline: nothing is known to be drained.
     #[error(
-        "could not list the pods of node {node} within {waited:?} ({last_error}); the node is cordoned but not known to be drained"
+        "could not list the pods of node {node} and the DaemonSets within {waited:?} ({last_error}); the node is cordoned but not known to be drained"
     )]
     PodsNotListed {
         /// The node.
@@ -153,7 +154,21 @@ pub struct DrainOptions {
 }
 
 impl DrainOptions {
-    /// Options from the `[drain]` settings.
+    /// Options for a node that is leaving (a system shutdown, the scaler removing the machine):
+    /// the `[drain]` settings with `delete_emptydir_data_on_shutdown`, and the cordon recorded as
+    /// a shutdown cordon when `shutdown`.
+    pub fn for_leaving_node(
+        s: &crate::config::DrainSettings,
+        reason: impl Into<String>,
+        shutdown: bool,
+    ) -> Self {
+        let mut opts = Self::from_settings(s, reason);
+        opts.plan.delete_emptydir_data = s.delete_emptydir_data_on_shutdown;
+        opts.shutdown = shutdown;
+        opts
+    }
+
+    /// Options for an operator's drain of a node that stays, from the `[drain]` settings.
     pub fn from_settings(s: &crate::config::DrainSettings, reason: impl Into<String>) -> Self {
         Self {
             plan: PlanOptions {
@@ -423,7 +438,35 @@ pub async fn dry_run(client: &Client, node: &str, opts: &DrainOptions) -> Result
         .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
         .map_err(api_err(node, "list pods of"))?;
-    Ok(Plan::new(&list.items, &opts.plan))
+    let daemonsets: Api<DaemonSet> = Api::all(client.clone());
+    let daemonsets = daemonsets
+        .list_metadata(&kube::api::ListParams::default())
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(s) if s.code == 403 => Error::Forbidden {
+                verb: "list daemonsets",
+                pod: None,
+            },
+            e => api_err(node, "list the daemonsets for")(e),
+        })?;
+    let present: BTreeSet<(String, String)> = daemonsets
+        .items
+        .iter()
+        .map(|d| {
+            let m = &d.metadata;
+            (
+                m.namespace.clone().unwrap_or_default(),
+                m.name.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let exists = |ns: &str, name: &str| present.contains(&(ns.to_string(), name.to_string()));
+    Ok(Plan::new(&list.items, &opts.plan, &exists))
+}
+
+/// Whether the DaemonSet `namespace/name` is in the drain's watch cache.
+fn daemonset_in(daemonsets: &Mirror<PartialObjectMeta<DaemonSet>>) -> impl Fn(&str, &str) -> bool {
+    move |namespace, name| daemonsets.get(name, Some(namespace)).is_some()
 }
 
 struct Drain<'a> {
@@ -512,19 +555,33 @@ impl<'a> Drain<'a> {
         let mut pdb_events: BoxStream<'_, _> = watcher(pdb_api, watcher::Config::default())
             .default_backoff()
             .boxed();
+        // Only names matter (does a pod's DaemonSet still exist?): metadata, not whole objects.
+        let ds_api: Api<PartialObjectMeta<DaemonSet>> = Api::all(self.client.clone());
+        let mut ds_events: BoxStream<'_, _> = watcher(ds_api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
         let mut pods = Mirror::<Pod>::default();
         let mut budgets = Mirror::<PodDisruptionBudget>::default();
+        let mut daemonsets = Mirror::<PartialObjectMeta<DaemonSet>>::default();
 
-        // The pods' initial list before anything is planned. Budgets only time the retries of
-        // a refused eviction (the Eviction API itself enforces them), so evictions do not wait
-        // for their list; the main loop keeps applying their events.
+        // The pods' and DaemonSets' initial lists before anything is planned (a DaemonSet pod
+        // is skipped only if its DaemonSet exists). Budgets only time the retries of a refused
+        // eviction (the Eviction API itself enforces them), so evictions do not wait for their
+        // list; the main loop keeps applying their events.
         let mut last_pod_error = String::from("no answer");
-        while !pods.synced() {
+        while !pods.synced() || !daemonsets.synced() {
             tokio::select! {
                 Some(ev) = pod_events.next() => match ev {
                     Ok(ev) => pods.apply(&ev),
                     Err(e) => {
                         check_watch_error(self.node, &e, "list and watch pods")?;
+                        last_pod_error = e.to_string();
+                    }
+                },
+                Some(ev) = ds_events.next() => match ev {
+                    Ok(ev) => daemonsets.apply(&ev),
+                    Err(e) => {
+                        check_watch_error(self.node, &e, "list and watch daemonsets")?;
                         last_pod_error = e.to_string();
                     }
                 },
@@ -548,7 +605,7 @@ impl<'a> Drain<'a> {
         };
         let mut schedule = Schedule::new(limits, self.opts.plan.clone(), started);
         for pod in pods.state() {
-            schedule.track(&pod);
+            schedule.track(&pod, &daemonset_in(&daemonsets));
         }
         let (to_evict, refused) = schedule.counts();
         info!(
@@ -608,7 +665,9 @@ impl<'a> Drain<'a> {
                         Ok(ev) => {
                             pods.apply(&ev);
                             match &ev {
-                                watcher::Event::Apply(p) => schedule.track(p),
+                                watcher::Event::Apply(p) => {
+                                    schedule.track(p, &daemonset_in(&daemonsets));
+                                }
                                 watcher::Event::Delete(p) => {
                                     schedule.gone(p.metadata.uid.as_deref().unwrap_or_default());
                                 }
@@ -624,6 +683,10 @@ impl<'a> Drain<'a> {
                 Some(ev) = pdb_events.next() => match ev {
                     Ok(ev) => budgets.apply(&ev),
                     Err(e) => check_watch_error(self.node, &e, "list and watch poddisruptionbudgets")?,
+                },
+                Some(ev) = ds_events.next() => match ev {
+                    Ok(ev) => daemonsets.apply(&ev),
+                    Err(e) => check_watch_error(self.node, &e, "list and watch daemonsets")?,
                 },
                 _ = tokio::time::sleep_until(wake) => {}
             }

@@ -50,8 +50,8 @@ impl fmt::Display for PodRef {
 /// Why a pod is left alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SkipReason {
-    /// Managed by a DaemonSet: it would be recreated on this node at once, and it tolerates the
-    /// cordon; its controller removes it when the node goes.
+    /// Managed by an `apps/v1` DaemonSet that exists: it would be recreated on this node at once,
+    /// and it tolerates the cordon; its controller removes it when the node goes.
     DaemonSet,
     /// A mirror of a static pod: the API cannot delete it; kubelet owns it.
     Mirror,
@@ -62,7 +62,7 @@ pub enum SkipReason {
 impl fmt::Display for SkipReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::DaemonSet => "managed by a DaemonSet",
+            Self::DaemonSet => "managed by a DaemonSet (apps/v1) that exists",
             Self::Mirror => "mirror pod of a static pod",
             Self::Finished => "already finished",
         })
@@ -78,6 +78,9 @@ pub enum RefuseReason {
     EmptyDir,
     /// Annotated `nodeward.io/drain: never` by its owner (no override).
     Annotated,
+    /// Its controller is an `apps/v1` DaemonSet that no longer exists: nothing recreates it
+    /// (override: `--force` / `drain.force`, as kubectl drain).
+    OrphanedDaemonSet,
 }
 
 impl fmt::Display for RefuseReason {
@@ -90,7 +93,62 @@ impl fmt::Display for RefuseReason {
                 "uses emptyDir, whose data would be lost (use --delete-emptydir-data or drain.delete_emptydir_data)"
             }
             Self::Annotated => "annotated nodeward.io/drain=never by its owner",
+            Self::OrphanedDaemonSet => {
+                "its DaemonSet no longer exists, so nothing would recreate it (use --force or drain.force)"
+            }
         })
+    }
+}
+
+/// Why a pod's owner lets it be evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// A controller that recreates it elsewhere (whether or not that controller still exists:
+    /// kubectl drain does not look it up either).
+    Controller,
+    /// A controller of kind `DaemonSet` outside `apps/v1` (an OpenKruise-style daemon set):
+    /// nodeward cannot know that it tolerates the cordon or recreates the pod here, so the pod is
+    /// evicted as any controller's, as kubectl drain ≥ 1.34 does.
+    ForeignDaemonSet,
+    /// No controller; evicted because of `--force` / `drain.force`.
+    Forced,
+    /// Its `apps/v1` DaemonSet is gone; evicted because of `--force` / `drain.force`.
+    OrphanForced,
+}
+
+/// Which rules let a pod be evicted, for `--dry-run` and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictRule {
+    /// What its owner allows.
+    pub owner: Owner,
+    /// It has emptyDir volumes, whose data the eviction deletes (allowed by
+    /// `--delete-emptydir-data`, `drain.delete_emptydir_data` or, for a node that is leaving,
+    /// `drain.delete_emptydir_data_on_shutdown`).
+    pub deletes_emptydir_data: bool,
+}
+
+impl EvictRule {
+    /// A controller's pod without emptyDir volumes: the ordinary case.
+    pub const PLAIN: Self = Self {
+        owner: Owner::Controller,
+        deletes_emptydir_data: false,
+    };
+}
+
+impl fmt::Display for EvictRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.owner {
+            Owner::Controller => "managed by a controller",
+            Owner::ForeignDaemonSet => {
+                "owner is a DaemonSet outside apps/v1, evicted as any controller's pod"
+            }
+            Owner::Forced => "no controller, evicted because of --force",
+            Owner::OrphanForced => "its DaemonSet is gone, evicted because of --force",
+        })?;
+        if self.deletes_emptydir_data {
+            f.write_str("; its emptyDir data is deleted (delete-emptydir-data)")?;
+        }
+        Ok(())
     }
 }
 
@@ -101,6 +159,8 @@ pub enum Decision {
     Evict {
         /// Wave index.
         wave: usize,
+        /// The rules that allowed it.
+        rule: EvictRule,
     },
     /// Leave it.
     Skip(SkipReason),
@@ -141,9 +201,17 @@ pub fn wave_of(priority: i32, waves: &[Wave]) -> usize {
         .unwrap_or(0)
 }
 
+/// `apiVersion` of the only DaemonSets whose pods are skipped.
+const DAEMONSET_API_VERSION: &str = "apps/v1";
+
 /// Decides one pod. Checked in the order kubectl drain uses, with nodeward's annotation first
-/// because an owner's explicit wish beats every flag.
-pub fn decide(pod: &Pod, opts: &PlanOptions) -> Decision {
+/// because an owner's explicit wish beats every flag. `daemonset_exists(namespace, name)` answers
+/// from the drain's watch cache of DaemonSets (never one request per pod).
+pub fn decide(
+    pod: &Pod,
+    opts: &PlanOptions,
+    daemonset_exists: &dyn Fn(&str, &str) -> bool,
+) -> Decision {
     let meta = &pod.metadata;
     let annotations = meta.annotations.as_ref();
     if annotations
@@ -159,15 +227,10 @@ pub fn decide(pod: &Pod, opts: &PlanOptions) -> Decision {
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return Decision::Skip(SkipReason::Finished);
     }
-    let controller = meta
-        .owner_references
-        .as_ref()
-        .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)));
-    match controller {
-        Some(c) if c.kind == "DaemonSet" => return Decision::Skip(SkipReason::DaemonSet),
-        None if !opts.force => return Decision::Refuse(RefuseReason::Unmanaged),
-        _ => {}
-    }
+    let owner = match owner_verdict(pod, opts.force, daemonset_exists) {
+        Ok(owner) => owner,
+        Err(decision) => return decision,
+    };
     let has_empty_dir = pod
         .spec
         .as_ref()
@@ -178,6 +241,43 @@ pub fn decide(pod: &Pod, opts: &PlanOptions) -> Decision {
     }
     Decision::Evict {
         wave: wave_of(priority(pod), &opts.waves),
+        rule: EvictRule {
+            owner,
+            deletes_emptydir_data: has_empty_dir,
+        },
+    }
+}
+
+/// What a running pod's controller says: evictable as whose, or a decision that ends the plan
+/// (skipped as a live DaemonSet's, refused as nobody's).
+fn owner_verdict(
+    pod: &Pod,
+    force: bool,
+    daemonset_exists: &dyn Fn(&str, &str) -> bool,
+) -> Result<Owner, Decision> {
+    let controller = pod
+        .metadata
+        .owner_references
+        .as_ref()
+        .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)));
+    let Some(c) = controller else {
+        return if force {
+            Ok(Owner::Forced)
+        } else {
+            Err(Decision::Refuse(RefuseReason::Unmanaged))
+        };
+    };
+    if c.kind != "DaemonSet" {
+        return Ok(Owner::Controller);
+    }
+    if c.api_version != DAEMONSET_API_VERSION {
+        return Ok(Owner::ForeignDaemonSet);
+    }
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    match (daemonset_exists(namespace, &c.name), force) {
+        (true, _) => Err(Decision::Skip(SkipReason::DaemonSet)),
+        (false, true) => Ok(Owner::OrphanForced),
+        (false, false) => Err(Decision::Refuse(RefuseReason::OrphanedDaemonSet)),
     }
 }
 
@@ -200,18 +300,22 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Plans every pod.
-    pub fn new<'a>(pods: impl IntoIterator<Item = &'a Pod>, opts: &PlanOptions) -> Self {
+    /// Plans every pod (`daemonset_exists` as for [`decide`]).
+    pub fn new<'a>(
+        pods: impl IntoIterator<Item = &'a Pod>,
+        opts: &PlanOptions,
+        daemonset_exists: &dyn Fn(&str, &str) -> bool,
+    ) -> Self {
         let mut pods: Vec<PodPlan> = pods
             .into_iter()
             .map(|p| PodPlan {
                 pod: PodRef::of(p),
                 priority: priority(p),
-                decision: decide(p, opts),
+                decision: decide(p, opts, daemonset_exists),
             })
             .collect();
         let order = |d: &Decision| match d {
-            Decision::Evict { wave } => (0, *wave),
+            Decision::Evict { wave, .. } => (0, *wave),
             Decision::Refuse(_) => (1, 0),
             Decision::Skip(_) => (2, 0),
         };
@@ -226,7 +330,7 @@ impl Plan {
     /// Pods to evict, with their wave.
     pub fn evictions(&self) -> impl Iterator<Item = (&PodRef, usize)> {
         self.pods.iter().filter_map(|p| match p.decision {
-            Decision::Evict { wave } => Some((&p.pod, wave)),
+            Decision::Evict { wave, .. } => Some((&p.pod, wave)),
             _ => None,
         })
     }

@@ -245,17 +245,18 @@ impl Schedule {
     /// Takes a pod into the drain (once per UID): evicted in its wave, refused, or skipped. A pod
     /// already terminating needs no eviction, only the wait. New pods that appear on the node
     /// during the drain (bound before the cordon) are taken in the same way.
-    pub fn track(&mut self, pod: &Pod) {
+    /// `daemonset_exists(namespace, name)` answers from the drain's DaemonSet watch.
+    pub fn track(&mut self, pod: &Pod, daemonset_exists: &dyn Fn(&str, &str) -> bool) {
         let r = PodRef::of(pod);
         if self.pods.contains_key(&r.uid) || self.skipped.iter().any(|(p, _)| p.uid == r.uid) {
             return;
         }
         let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let (wave, state) = match plan::decide(pod, &self.plan) {
-            Decision::Evict { wave } if pod.metadata.deletion_timestamp.is_some() => {
+        let (wave, state) = match plan::decide(pod, &self.plan, daemonset_exists) {
+            Decision::Evict { wave, .. } if pod.metadata.deletion_timestamp.is_some() => {
                 (wave, PodState::Leaving)
             }
-            Decision::Evict { wave } => (wave, PodState::Pending),
+            Decision::Evict { wave, .. } => (wave, PodState::Pending),
             Decision::Refuse(why) => (0, PodState::Refused(Refusal::Plan(why))),
             Decision::Skip(why) => {
                 self.skipped.push((r, why));

@@ -244,7 +244,8 @@ impl<P: Provider + 'static> Scaler<P> {
             templates.insert(g.name.clone(), template);
         }
         s.groups = groups;
-        let drain = DrainOptions::from_settings(&settings.drain, SCALE_DOWN_REASON);
+        // The machine is deleted after the drain: its pods' scratch data goes with it.
+        let drain = DrainOptions::for_leaving_node(&settings.drain, SCALE_DOWN_REASON, false);
         let elector = Elector::new(
             client.clone(),
             &s.namespace,

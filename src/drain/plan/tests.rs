@@ -32,19 +32,96 @@ fn opts(force: bool, emptydir: bool) -> PlanOptions {
     }
 }
 
+/// The cluster's DaemonSets: only `default/ds`.
+fn only_default_ds(namespace: &str, name: &str) -> bool {
+    (namespace, name) == ("default", "ds")
+}
+
+/// A pod controlled by a DaemonSet of `api_version` named `name`.
+fn daemonset(api_version: &str, name: &str) -> serde_json::Value {
+    json!({"metadata": {"ownerReferences": [{"apiVersion": api_version, "kind": "DaemonSet", "name": name, "uid": "d", "controller": true}]}})
+}
+
+fn merged(mut a: serde_json::Value, b: serde_json::Value) -> serde_json::Value {
+    merge(&mut a, b);
+    a
+}
+
+fn plain(wave: usize) -> Decision {
+    Decision::Evict {
+        wave,
+        rule: EvictRule::PLAIN,
+    }
+}
+
+fn evict(owner: Owner, deletes_emptydir_data: bool) -> Decision {
+    Decision::Evict {
+        wave: 0,
+        rule: EvictRule {
+            owner,
+            deletes_emptydir_data,
+        },
+    }
+}
+
 #[test]
 fn every_plan_rule() {
     use Decision::*;
     let unmanaged = json!({"metadata": {"ownerReferences": null}});
     let emptydir = json!({"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}]}});
     let cases: Vec<(&str, serde_json::Value, bool, bool, Decision)> = vec![
-        ("replicaset pod", json!({}), false, false, Evict { wave: 0 }),
+        ("replicaset pod", json!({}), false, false, plain(0)),
         (
             "daemonset pod",
-            json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "d", "controller": true}]}}),
+            daemonset("apps/v1", "ds"),
             true,
             true,
             Skip(SkipReason::DaemonSet),
+        ),
+        (
+            "pod of a missing daemonset",
+            daemonset("apps/v1", "gone"),
+            false,
+            true,
+            Refuse(RefuseReason::OrphanedDaemonSet),
+        ),
+        (
+            "pod of a missing daemonset, forced",
+            daemonset("apps/v1", "gone"),
+            true,
+            false,
+            evict(Owner::OrphanForced, false),
+        ),
+        (
+            "pod of a missing daemonset with emptyDir, forced but emptyDir not allowed",
+            merged(daemonset("apps/v1", "gone"), emptydir.clone()),
+            true,
+            false,
+            Refuse(RefuseReason::EmptyDir),
+        ),
+        (
+            "finished pod of a missing daemonset",
+            merged(
+                daemonset("apps/v1", "gone"),
+                json!({"status": {"phase": "Succeeded"}}),
+            ),
+            false,
+            false,
+            Skip(SkipReason::Finished),
+        ),
+        (
+            "daemonset of another api group (same name as a live one)",
+            daemonset("apps.kruise.io/v1alpha1", "ds"),
+            false,
+            false,
+            evict(Owner::ForeignDaemonSet, false),
+        ),
+        (
+            "daemonset of a retired api version",
+            daemonset("extensions/v1beta1", "ds"),
+            false,
+            false,
+            evict(Owner::ForeignDaemonSet, false),
         ),
         (
             "non-controller daemonset owner",
@@ -81,7 +158,20 @@ fn every_plan_rule() {
             true,
             Refuse(RefuseReason::Unmanaged),
         ),
-        ("unmanaged forced", unmanaged, true, true, Evict { wave: 0 }),
+        (
+            "unmanaged forced",
+            unmanaged.clone(),
+            true,
+            false,
+            evict(Owner::Forced, false),
+        ),
+        (
+            "unmanaged with emptyDir, both allowed",
+            merged(unmanaged, emptydir.clone()),
+            true,
+            true,
+            evict(Owner::Forced, true),
+        ),
         (
             "emptydir",
             emptydir.clone(),
@@ -89,7 +179,13 @@ fn every_plan_rule() {
             false,
             Refuse(RefuseReason::EmptyDir),
         ),
-        ("emptydir allowed", emptydir, false, true, Evict { wave: 0 }),
+        (
+            "emptydir allowed",
+            emptydir,
+            false,
+            true,
+            evict(Owner::Controller, true),
+        ),
         (
             "annotated never",
             json!({"metadata": {"annotations": {"nodeward.io/drain": "never"}}}),
@@ -102,33 +198,33 @@ fn every_plan_rule() {
             json!({"metadata": {"annotations": {"nodeward.io/drain": "sure"}}}),
             false,
             false,
-            Evict { wave: 0 },
+            plain(0),
         ),
         (
             "critical by priority",
             json!({"spec": {"priority": 2000001000}}),
             false,
             false,
-            Evict { wave: 1 },
+            plain(1),
         ),
         (
             "critical by class only",
             json!({"spec": {"priorityClassName": "system-cluster-critical"}}),
             false,
             false,
-            Evict { wave: 1 },
+            plain(1),
         ),
         (
             "negative priority",
             json!({"spec": {"priority": -10}}),
             false,
             false,
-            Evict { wave: 0 },
+            plain(0),
         ),
     ];
     for (name, patch, force, emptydir, expected) in cases {
         assert_eq!(
-            decide(&pod(patch), &opts(force, emptydir)),
+            decide(&pod(patch), &opts(force, emptydir), &only_default_ds),
             expected,
             "{name}"
         );
@@ -171,7 +267,7 @@ fn plan_orders_by_wave_then_name() {
         pod(json!({"metadata": {"name": "a", "uid": "3"}})),
         pod(json!({"metadata": {"name": "lonely", "uid": "4", "ownerReferences": null}})),
     ];
-    let plan = Plan::new(&pods, &opts(false, true));
+    let plan = Plan::new(&pods, &opts(false, true), &only_default_ds);
     let names: Vec<_> = plan.pods.iter().map(|p| p.pod.name.as_str()).collect();
     assert_eq!(names, ["a", "z", "crit", "lonely"]);
     assert_eq!(plan.evictions().count(), 3);

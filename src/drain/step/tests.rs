@@ -9,6 +9,11 @@ use crate::drain::plan::Cause;
 
 const MS: Duration = Duration::from_millis(1);
 
+/// The DaemonSet watch of a cluster without DaemonSets (these pods are a ReplicaSet's).
+fn no_daemonsets(_: &str, _: &str) -> bool {
+    false
+}
+
 fn pod(name: &str, priority: i32) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "ns", "uid": name, "labels": {"app": "web"},
@@ -101,7 +106,7 @@ fn waves_go_in_order_and_the_next_starts_when_the_first_is_gone() {
     let t0 = Instant::now();
     let mut s = schedule(OnDeadline::Abandon, 10, t0);
     for p in [pod("a", 0), pod("b", 0), pod("dns", 2000)] {
-        s.track(&p);
+        s.track(&p, &no_daemonsets);
     }
     let first = run(&mut s, t0, Duration::ZERO, &closed);
     assert_eq!(evicted(&first), ["a", "b"], "only the first wave");
@@ -143,8 +148,8 @@ fn waves_go_in_order_and_the_next_starts_when_the_first_is_gone() {
 fn a_wave_that_uses_up_its_share_lets_the_next_one_start() {
     let t0 = Instant::now();
     let mut s = schedule(OnDeadline::Abandon, 10, t0);
-    s.track(&pod("stuck", 0));
-    s.track(&pod("dns", 2000));
+    s.track(&pod("stuck", 0), &no_daemonsets);
+    s.track(&pod("dns", 2000), &no_daemonsets);
     assert_eq!(
         evicted(&run(&mut s, t0, Duration::ZERO, &closed)),
         ["stuck"]
@@ -183,7 +188,7 @@ fn each_deadline_policy() {
     for (policy, expect) in cases {
         let t0 = Instant::now();
         let mut s = schedule(policy, 10, t0);
-        s.track(&pod("a", 0));
+        s.track(&pod("a", 0), &no_daemonsets);
         assert_eq!(evicted(&run(&mut s, t0, Duration::ZERO, &closed)), ["a"]);
         s.evict_answered(
             "a",
@@ -265,7 +270,7 @@ fn each_deadline_policy() {
 fn a_budget_blocked_pod_is_retried_when_its_budget_opens_but_not_sooner_than_the_floor() {
     let t0 = Instant::now();
     let mut s = schedule(OnDeadline::Abandon, 10, t0);
-    s.track(&pod("a", 0));
+    s.track(&pod("a", 0), &no_daemonsets);
     run(&mut s, t0, Duration::ZERO, &closed);
     s.evict_answered(
         "a",
@@ -293,7 +298,7 @@ fn a_budget_blocked_pod_is_retried_when_its_budget_opens_but_not_sooner_than_the
 fn server_errors_back_off_doubling_to_the_cap() {
     let t0 = Instant::now();
     let mut s = schedule(OnDeadline::Abandon, 10, t0);
-    s.track(&pod("a", 0));
+    s.track(&pod("a", 0), &no_daemonsets);
     let mut now = Duration::ZERO;
     let mut waits = Vec::new();
     for _ in 0..5 {
@@ -313,7 +318,7 @@ fn concurrency_bounds_the_evictions_in_flight() {
     let t0 = Instant::now();
     let mut s = schedule(OnDeadline::Abandon, 2, t0);
     for n in ["a", "b", "c", "d", "e"] {
-        s.track(&pod(n, 0));
+        s.track(&pod(n, 0), &no_daemonsets);
     }
     assert_eq!(
         evicted(&run(&mut s, t0, Duration::ZERO, &closed)),
@@ -331,8 +336,8 @@ fn concurrency_bounds_the_evictions_in_flight() {
 fn a_pod_gone_before_its_answer_frees_its_slot_and_counts_its_deletion() {
     let t0 = Instant::now();
     let mut s = schedule(OnDeadline::Delete, 1, t0);
-    s.track(&pod("a", 0));
-    s.track(&pod("b", 0));
+    s.track(&pod("a", 0), &no_daemonsets);
+    s.track(&pod("b", 0), &no_daemonsets);
     assert_eq!(evicted(&run(&mut s, t0, Duration::ZERO, &closed)), ["a"]);
     gone(&mut s, &["a"]);
     s.evict_answered("a", &answer(201, Cause::None), vec![], t0 + MS);
@@ -384,7 +389,7 @@ fn what_each_answer_leaves_the_pod_in() {
     ];
     for (code, cause, budgets, want) in cases {
         let mut s = schedule(OnDeadline::Abandon, 10, t0);
-        s.track(&pod("a", 0));
+        s.track(&pod("a", 0), &no_daemonsets);
         run(&mut s, t0, Duration::ZERO, &closed);
         let a = Answer {
             code,
@@ -416,7 +421,7 @@ fn refused_pods_end_the_drain_as_refused_and_say_why() {
     let mut s = schedule(OnDeadline::Abandon, 10, t0);
     let mut unmanaged = pod("lonely", 0);
     unmanaged.metadata.owner_references = None;
-    s.track(&unmanaged);
+    s.track(&unmanaged, &no_daemonsets);
     assert_eq!(s.counts(), (0, 1));
     assert_eq!(
         run(&mut s, t0, Duration::ZERO, &closed),
@@ -441,9 +446,9 @@ fn nothing_to_do_is_drained_at_once_and_a_pod_is_tracked_once() {
         Step::Done(DrainOutcome::Drained)
     );
     let mut s = schedule(OnDeadline::Abandon, 10, t0);
-    s.track(&pod("a", 0));
+    s.track(&pod("a", 0), &no_daemonsets);
     run(&mut s, t0, Duration::ZERO, &closed);
-    s.track(&pod("a", 0));
+    s.track(&pod("a", 0), &no_daemonsets);
     assert_eq!(
         s.get("a").map(|t| t.state.clone()),
         Some(PodState::InFlight),

@@ -402,6 +402,23 @@ impl EmulatorHandle {
         self.create(node_json(name))
     }
 
+    /// Creates an `apps/v1` DaemonSet selecting `app=<name>` (a stored object: the emulator runs
+    /// no controller, so it creates no pods).
+    pub fn seed_daemonset(&self, ns: &str, name: &str) -> Result<Value> {
+        self.create(serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": name, "image": name}]}
+                }
+            }
+        }))
+    }
+
     /// Creates a pod.
     pub fn seed_pod(&self, pod: PodSeed) -> Result<Value> {
         let ready = pod.ready;
