@@ -1,5 +1,10 @@
 # Shared helpers for scripts/*. Sourced, not run.
 
+# No silent exits: under `set -e` a failing command (one inside a command substitution or a
+# function included) ends the script; this says which one, where, and with what status.
+set -o errtrace
+trap 'printf "error: %s:%s: \`%s\` failed (exit %s)\n" "${BASH_SOURCE[0]##*/}" "${LINENO}" "${BASH_COMMAND}" "$?" >&2' ERR
+
 # step NAME: starts a timed step (the previous one's time is printed and kept for step_summary).
 _step_name=""
 _step_t0=$SECONDS

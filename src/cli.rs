@@ -79,8 +79,22 @@ pub enum Command {
 /// `nodeward config ...`
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Read the config file and its drop-ins, validate them and list the files read.
-    Check,
+    /// Read the config file and its drop-ins, validate them, and print the effective
+    /// configuration with where each value came from (default, the file, which drop-in).
+    Check {
+        /// `toml` (each value commented with its origin) or `json` (for scripts).
+        #[arg(long, value_enum, default_value = "toml")]
+        output: ConfigOutput,
+    },
+}
+
+/// How `nodeward config check` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConfigOutput {
+    /// TOML, each value followed by `# <origin>`.
+    Toml,
+    /// `{"files": [...], "config": {...}, "origins": {"drain.timeout": "default", ...}}`.
+    Json,
 }
 
 /// `nodeward render` arguments.

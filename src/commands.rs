@@ -30,7 +30,9 @@ pub const EXIT_REFUSED: u8 = 4;
 pub fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Render(args) => render(&args),
-        Command::Config(ConfigCommand::Check) => config_check(cli.config.as_deref()),
+        Command::Config(ConfigCommand::Check { output }) => {
+            config_check(cli.config.as_deref(), output)
+        }
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
             clap_complete::generate(shell, &mut cmd, "nodeward", &mut std::io::stdout());
@@ -63,19 +65,26 @@ pub fn describe(e: &anyhow::Error) -> String {
     out
 }
 
-fn config_check(path: Option<&Path>) -> anyhow::Result<u8> {
-    let (settings, files) = crate::config::load(path)?;
-    if files.is_empty() {
-        println!(
-            "no config files found (looked for {}); the defaults apply",
-            path.unwrap_or(Path::new(crate::config::DEFAULT_PATH))
-                .display()
-        );
+fn config_check(path: Option<&Path>, output: crate::cli::ConfigOutput) -> anyhow::Result<u8> {
+    let sources = crate::config::load_sources(path)?;
+    crate::config::parse(&sources)?;
+    let effective = crate::config::effective::effective(&sources)?;
+    match output {
+        crate::cli::ConfigOutput::Json => {
+            println!("{}", serde_json::to_string_pretty(&effective.to_json())?);
+        }
+        crate::cli::ConfigOutput::Toml => {
+            if sources.is_empty() {
+                eprintln!(
+                    "no config files found (looked for {}); the defaults apply",
+                    path.unwrap_or(Path::new(crate::config::DEFAULT_PATH))
+                        .display()
+                );
+            }
+            print!("{}", effective.to_toml());
+            eprintln!("configuration is valid");
+        }
     }
-    for f in &files {
-        println!("read {}", f.display());
-    }
-    println!("configuration is valid: {settings:#?}");
     Ok(EXIT_OK)
 }
 

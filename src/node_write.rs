@@ -82,3 +82,28 @@ pub async fn write_guarded<T, E>(
     }
     Err(WriteError::Conflict)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `?&` the real API server's audit log shows on nodeward's Node patches
+    /// (`/api/v1/nodes/NAME?&fieldManager=nodeward`) is kube-core's, not a URL nodeward builds:
+    /// `Request::patch` starts its query with `form_urlencoded::Serializer::new("…/NAME?")`, which
+    /// counts the `?` as a pair already written. The API server ignores the empty pair. nodeward
+    /// builds no request URL by hand; when kube-core drops the `&`, this fails and can go.
+    #[test]
+    fn the_stray_ampersand_in_patch_urls_is_kube_cores() {
+        let request = kube::core::Request::new("/api/v1/nodes")
+            .patch(
+                "worker-1",
+                &patch_params(),
+                &Patch::Merge(serde_json::json!({})),
+            )
+            .expect("request");
+        assert_eq!(
+            request.uri().to_string(),
+            "/api/v1/nodes/worker-1?&fieldManager=nodeward"
+        );
+    }
+}

@@ -323,6 +323,40 @@ fn config_check_names_file_and_line() {
     );
 }
 
+/// `config check` shows the effective configuration as TOML with each value's origin (never Rust
+/// Debug), and as JSON for scripts.
+#[test]
+fn config_check_shows_each_value_and_its_origin() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, "[drain]\nforce = true\n").expect("write");
+    std::fs::create_dir(dir.path().join("config.d")).expect("mkdir");
+    let dropin = dir.path().join("config.d/10-x.toml");
+    std::fs::write(&dropin, "[drain]\ntimeout = \"2m\"\n").expect("write");
+    let args = ["config", "check", "--config", cfg.to_str().expect("utf8")];
+    let run = nodeward(&args, None);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(!run.stdout.contains("Settings {"), "{}", run.stdout);
+    for line in [
+        format!("timeout = \"2m\"  # {}", dropin.display()),
+        format!("force = true  # {}", cfg.display()),
+        "on_deadline = \"abandon\"  # default".to_string(),
+    ] {
+        assert!(run.stdout.contains(&line), "{line:?} in\n{}", run.stdout);
+    }
+    let mut json_args = args.to_vec();
+    json_args.extend(["--output", "json"]);
+    let run = nodeward(&json_args, None);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let v: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON");
+    assert_eq!(v["config"]["drain"]["timeout"], "2m");
+    assert_eq!(
+        v["origins"]["drain.timeout"],
+        dropin.display().to_string().as_str()
+    );
+    assert_eq!(v["origins"]["agent.boot_deadline"], "default");
+}
+
 #[test]
 fn completions_and_man_pages_are_generated() {
     let run = nodeward(&["completions", "bash"], None);

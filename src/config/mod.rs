@@ -7,6 +7,7 @@
 //! ([`Settings::default`], mirrored by the shipped `packaging/config.toml`). The parser takes
 //! `&str`, so tests never touch the filesystem or the environment.
 
+pub mod effective;
 mod fragment;
 mod scaler;
 mod types;
@@ -271,6 +272,13 @@ pub fn parse(sources: &[Source]) -> Result<Settings> {
 /// path is used and may be absent (the defaults then apply). Drop-ins live in `config.d/` beside
 /// the main file and are read in lexical order.
 pub fn load(explicit: Option<&Path>) -> Result<(Settings, Vec<PathBuf>)> {
+    let sources = load_sources(explicit)?;
+    let settings = parse(&sources)?;
+    Ok((settings, sources.into_iter().map(|s| s.path).collect()))
+}
+
+/// The main config file and its drop-ins as read, in the order they apply (see [`load`]).
+pub fn load_sources(explicit: Option<&Path>) -> Result<Vec<Source>> {
     let main = explicit.unwrap_or(Path::new(DEFAULT_PATH));
     let mut sources = Vec::new();
     match std::fs::read_to_string(main) {
@@ -317,8 +325,7 @@ pub fn load(explicit: Option<&Path>) -> Result<(Settings, Vec<PathBuf>)> {
             });
         }
     }
-    let settings = parse(&sources)?;
-    Ok((settings, sources.into_iter().map(|s| s.path).collect()))
+    Ok(sources)
 }
 
 #[cfg(test)]
