@@ -411,13 +411,7 @@ async fn gate_figures(cp: &Cp, admin: &kube::Client) {
     );
     let cdir = tempfile::tempdir().expect("dir");
     let mut controller = spawn(
-        &[
-            "controller",
-            "--kubeconfig",
-            sa.to_str().expect("utf8"),
-            "--lease-duration",
-            "5s",
-        ],
+        &["controller", "--kubeconfig", sa.to_str().expect("utf8")],
         cdir.path(),
     );
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -171,12 +171,13 @@ pub struct ControllerArgs {
     /// Kubeconfig to use (default: KUBECONFIG / ~/.kube/config / in-cluster).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
-    /// Namespace of the leader Lease.
-    #[arg(long, value_name = "NS", default_value = "kube-system")]
-    pub lease_namespace: String,
-    /// How long the leader's Lease lasts without renewal.
-    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
-    pub lease_duration: std::time::Duration,
+    /// Accepted and ignored: the controller no longer elects a leader (kept so that manifests
+    /// written for 0.1 keep starting).
+    #[arg(long, value_name = "NS", hide = true)]
+    pub lease_namespace: Option<String>,
+    /// Accepted and ignored, as --lease-namespace.
+    #[arg(long, value_name = "DURATION", hide = true)]
+    pub lease_duration: Option<String>,
 }
 
 /// `nodeward cordon` arguments.

@@ -433,13 +433,14 @@ async fn scaler(config: Option<&Path>, args: ScalerArgs) -> anyhow::Result<u8> {
 
 async fn controller(args: ControllerArgs) -> anyhow::Result<u8> {
     let client = crate::kube_client::client(args.kubeconfig.as_deref()).await?;
+    if args.lease_namespace.is_some() || args.lease_duration.is_some() {
+        tracing::warn!(
+            "--lease-namespace and --lease-duration are ignored: every replica of the controller acts, with guarded writes, and none waits for a Lease (remove them; see README, \"Readiness\")"
+        );
+    }
     let opts = crate::readiness::controller::Options {
         mode: args.mode,
         dry_run: args.dry_run,
-        lease_namespace: args.lease_namespace,
-        lease_name: crate::readiness::controller::LEASE_NAME.into(),
-        identity: crate::scaler::identity(),
-        lease_duration: args.lease_duration,
     };
     crate::readiness::controller::run(client, opts, crate::scaler::shutdown_signal()).await?;
     Ok(EXIT_OK)

@@ -84,7 +84,10 @@ async fn node_says_what_is_wrong(cluster: Cluster) {
     let name = unique("kit");
     for (args, expected) in [
         (vec!["--taint", "example.com/x"], "expected k[=v]:Effect"),
-        (vec!["--taint", "example.com/x:Sometimes"], "is not NoSchedule"),
+        (
+            vec!["--taint", "example.com/x:Sometimes"],
+            "is not NoSchedule",
+        ),
         (vec!["--taint", "=v:NoSchedule"], "empty key"),
         (vec!["--taint"], "expected k[=v]:Effect"),
         (vec!["--label", "novalue"], "expected k=v"),

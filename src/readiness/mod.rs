@@ -10,7 +10,8 @@
 //!
 //! Decisions here are pure functions of a Node: [`desired_condition`] from the gates' verdict,
 //! [`condition_is_current`], [`decide`]. The writes are [`write_condition`] and
-//! [`set_startup_taint`], the one guarded read-modify-write of the startup taint.
+//! [`set_startup_taint`] (the agent's) and [`reconcile_startup_taint`] (the controller's), both
+//! the one guarded read-modify-write of the startup taint.
 
 pub mod controller;
 
@@ -237,13 +238,51 @@ pub async fn set_startup_taint(
     add: bool,
     current: Option<Node>,
 ) -> Result<(Node, bool), Error> {
+    let (n, change) = write_startup_taint(client, node, current, |_| {
+        Some(if add {
+            TaintChange::Add
+        } else {
+            TaintChange::Remove
+        })
+    })
+    .await?;
+    Ok((n, change.is_some()))
+}
+
+/// The controller's write: decides from the Node's condition ([`decide`]) at every read, the
+/// first from `current` (the controller's cache, perhaps stale) and, after a conflict, from a
+/// fresh one. So a replica acting on an old event never undoes what a newer condition says, and
+/// of several replicas acting on one change exactly one writes: the others' patches conflict
+/// and their fresh read finds nothing to do. Returns the change this call wrote, if any.
+pub async fn reconcile_startup_taint(
+    client: &kube::Client,
+    node: &str,
+    mode: Mode,
+    current: Option<Node>,
+) -> Result<Option<TaintChange>, Error> {
+    let (_, change) = write_startup_taint(client, node, current, |n| decide(n, mode)).await?;
+    Ok(change)
+}
+
+/// The one guarded read-modify-write of the startup taint: `want` says, from each read of the
+/// Node, which change it needs (`None`: none); returns the Node as written or read and the
+/// change written.
+async fn write_startup_taint(
+    client: &kube::Client,
+    node: &str,
+    current: Option<Node>,
+    want: impl Fn(&Node) -> Option<TaintChange>,
+) -> Result<(Node, Option<TaintChange>), Error> {
     let action = "patch taints of";
     let written = node_write::write_guarded(client, node, action, current, |n| {
         let mut list = taints(n);
-        if list.iter().any(is_startup_taint) == add {
-            return Ok::<_, std::convert::Infallible>(NodeWrite::Done(false));
-        }
-        if add {
+        let present = list.iter().any(is_startup_taint);
+        let change = match want(n) {
+            Some(TaintChange::Add) if !present => TaintChange::Add,
+            Some(TaintChange::Remove) if present => TaintChange::Remove,
+            _ => return Ok::<_, std::convert::Infallible>(NodeWrite::Done(None)),
+        };
+        if change == TaintChange::Add {
             list.push(Taint {
                 key: STARTUP_TAINT_KEY.into(),
                 effect: STARTUP_TAINT_EFFECT.into(),
@@ -257,20 +296,23 @@ pub async fn set_startup_taint(
         } else {
             json!(list)
         };
-        Ok(NodeWrite::Patch(json!({"spec": {"taints": taints}}), true))
+        Ok(NodeWrite::Patch(
+            json!({"spec": {"taints": taints}}),
+            Some(change),
+        ))
     })
     .await;
     match written {
-        Ok((n, changed)) => {
-            if changed {
+        Ok((n, change)) => {
+            if let Some(change) = change {
                 info!(
                     node,
                     taint = STARTUP_TAINT_KEY,
-                    added = add,
+                    added = change == TaintChange::Add,
                     "startup taint changed"
                 );
             }
-            Ok((n, changed))
+            Ok((n, change))
         }
         Err(WriteError::Api { action, source }) => Err(Error::Api {
             node: node.into(),

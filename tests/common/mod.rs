@@ -377,6 +377,25 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// SIGKILL, as a crash or an OOM kill: no goodbye.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits (polling its log, at most `limit`) until the process has logged `line`.
+    pub fn wait_for_log(&self, line: &str, limit: Duration) {
+        let t0 = std::time::Instant::now();
+        while !self.log_text().contains(line) {
+            assert!(
+                t0.elapsed() < limit,
+                "{line:?} not logged within {limit:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGTERM, then waits up to 5 s for it to exit (SIGKILL after that).
     pub fn stop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
@@ -468,7 +487,7 @@ pub fn remove_flannel(agent: &Proc) {
 
 /// `nodeward controller` with `kubeconfig` and extra flags.
 pub fn spawn_controller(kubeconfig: &Path, flags: &[&str]) -> Proc {
-    let mut args = vec!["controller", "--lease-duration", "3s"];
+    let mut args = vec!["controller"];
     args.extend_from_slice(flags);
     let kubeconfig = kubeconfig.display().to_string();
     Proc::spawn(&args, move |_| vec!["--kubeconfig".into(), kubeconfig])
