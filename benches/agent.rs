@@ -23,7 +23,7 @@ use logind_harness::{LogindHarness, Mode, Options};
 use serde_json::json;
 
 const NODE: &str = "worker-1";
-const TAINT: &str = "node.nodeward.io/not-ready";
+const TAINT: &str = "readiness.k8s.io/nodeward";
 const GATE_RUNS: usize = 21;
 const SHUTDOWN_RUNS: usize = 3;
 const PODS: usize = 110;

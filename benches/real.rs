@@ -25,7 +25,7 @@ const PODS: i32 = 110;
 const RUNS: usize = 3;
 const TRIALS: usize = 50;
 const BUDGET_OPENS_AFTER: Duration = Duration::from_millis(1500);
-const STARTUP_TAINT: &str = "node.nodeward.io/not-ready";
+const STARTUP_TAINT: &str = "readiness.k8s.io/nodeward";
 
 struct Cp {
     dir: PathBuf,

@@ -5,8 +5,20 @@
 /// The label every node of a group carries; the scaler finds its nodes by it.
 pub const NODE_GROUP_LABEL: &str = "nodeward.io/node-group";
 
-/// The taint a new node registers with; it goes when the readiness gates pass.
-pub const STARTUP_TAINT_KEY: &str = "node.nodeward.io/not-ready";
+/// The taint a new node registers with; it goes when the readiness gates pass. Under
+/// `readiness.k8s.io/`, the only prefix a node-readiness-controller `NodeReadinessRule` may own,
+/// so that controller can lift it as well as nodeward's own.
+pub const STARTUP_TAINT_KEY: &str = "readiness.k8s.io/nodeward";
+
+/// The startup taint's key up to nodeward 0.1. Nodes registered with it before an upgrade are
+/// still recognised (the agent, the controller and the scaler treat it as the startup taint;
+/// lifting the taint lifts both keys) until nodeward 0.3, which drops it.
+pub const LEGACY_STARTUP_TAINT_KEY: &str = "node.nodeward.io/not-ready";
+
+/// Whether a taint key is the startup taint's, current or legacy.
+pub fn is_startup_taint_key(key: &str) -> bool {
+    key == STARTUP_TAINT_KEY || key == LEGACY_STARTUP_TAINT_KEY
+}
 
 /// The Node condition the agent reports: `True` when every readiness gate passes.
 pub const CONDITION_TYPE: &str = "nodeward.io/Ready";

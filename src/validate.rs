@@ -217,10 +217,10 @@ mod tests {
 
     #[test]
     fn taints() {
-        let t: Taint = "node.nodeward.io/not-ready:NoSchedule"
+        let t: Taint = "readiness.k8s.io/nodeward:NoSchedule"
             .parse()
             .expect("taint");
-        assert_eq!(t.key, "node.nodeward.io/not-ready");
+        assert_eq!(t.key, "readiness.k8s.io/nodeward");
         assert_eq!(t.value, None);
         assert_eq!(t.effect, TaintEffect::NoSchedule);
         let t: Taint = "dedicated=gpu:NoExecute".parse().expect("taint");

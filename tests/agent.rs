@@ -21,7 +21,7 @@ use nodeward::drain::cordon::CORDONED_BY;
 use serde_json::json;
 
 const NODE: &str = "worker-1";
-const TAINT: &str = "node.nodeward.io/not-ready";
+const TAINT: &str = "readiness.k8s.io/nodeward";
 /// Upper bound for anything that should happen "at once" (milliseconds normally); generous for
 /// a loaded two-core machine compiling in parallel.
 const SOON: Duration = Duration::from_secs(15);

@@ -255,6 +255,36 @@ async fn report_ready(admin: &kube::Client, node: &str) {
         .expect("condition");
 }
 
+/// A node that registered under nodeward 0.1 carries the startup taint's old key: once it
+/// reports ready, the controller lifts that taint just the same.
+async fn a_node_with_the_legacy_taint_key_is_untainted(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    let _controller = controller(&cluster, &[]);
+    let node = unique("legacy");
+    let legacy =
+        json!([{"key": nodeward::names::LEGACY_STARTUP_TAINT_KEY, "effect": "NoSchedule"}]);
+    cluster.add_node(&node, &[], legacy).await;
+    report_ready(&admin, &node).await;
+    let n = wait_node(&admin, &node, "legacy taint lifted", LIMIT, |n| {
+        !has_startup_taint(n)
+    })
+    .await;
+    let keys: Vec<String> = n
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .collect();
+    assert!(
+        !keys
+            .iter()
+            .any(|k| nodeward::names::is_startup_taint_key(k)),
+        "{keys:?}"
+    );
+    cluster.remove_node(&node).await;
+}
+
 /// Two replicas, both acting, no leader: each node is untainted by exactly one write (the other
 /// replica's guarded write conflicts and its fresh read finds nothing to do).
 async fn two_replicas_write_each_change_once(cluster: Cluster) {
@@ -389,6 +419,7 @@ both_backends! {
     a_controller_that_was_down_catches_up => super::controller_down_then_catches_up;
     two_replicas_write_each_change_once => super::two_replicas_write_each_change_once;
     a_crashed_replica_delays_nothing => super::a_crashed_replica_delays_nothing;
+    a_node_with_the_legacy_taint_key_is_untainted => super::a_node_with_the_legacy_taint_key_is_untainted;
     an_agent_restart_does_not_flap_the_taint => super::agent_restart_does_not_flap_the_taint;
 }
 

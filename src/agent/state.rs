@@ -176,7 +176,7 @@ pub enum Action {
     Transition(PhaseEvent),
     /// Write the gates' verdict as the Node's `nodeward.io/Ready` condition.
     WriteCondition,
-    /// Remove `node.nodeward.io/not-ready:NoSchedule`.
+    /// Remove `readiness.k8s.io/nodeward:NoSchedule`.
     RemoveStartupTaint,
     /// Put it back.
     AddStartupTaint,

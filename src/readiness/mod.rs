@@ -184,8 +184,9 @@ fn taints(n: &Node) -> Vec<Taint> {
         .unwrap_or_default()
 }
 
+/// The startup taint under its current key or the legacy one ([`crate::names::LEGACY_STARTUP_TAINT_KEY`]).
 fn is_startup_taint(t: &Taint) -> bool {
-    t.key == STARTUP_TAINT_KEY && t.effect == STARTUP_TAINT_EFFECT
+    crate::names::is_startup_taint_key(&t.key) && t.effect == STARTUP_TAINT_EFFECT
 }
 
 /// Errors writing the Node.

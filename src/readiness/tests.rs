@@ -140,20 +140,61 @@ fn current_means_same_status_reason_and_message() {
     assert!(!condition_is_current(&node(Some("True"), false), &other));
 }
 
-/// packaging/kubernetes/node-readiness-rule.yaml under node-readiness-controller's documented
-/// semantics (a rule's taint is removed when every listed condition has its requiredStatus, and
-/// kept otherwise): it must map exactly our condition to exactly our startup taint.
+/// packaging/kubernetes/node-readiness-rule.yaml held to what node-readiness-controller (NRC)
+/// was found to require and do when run for real (v0.5.0-14 against nodeward's control plane;
+/// README, "Readiness"): its API refuses a rule without a `nodeSelector` and one whose taint key
+/// is not `readiness.k8s.io/<name>` (name: 1-63 characters, alphanumeric at both ends, `-_.`
+/// inside); it lifts the taint when every listed condition has its `requiredStatus` and keeps
+/// it (adding it if missing) otherwise, a missing condition included. The rule must select every
+/// node `nodeward render` bootstraps and map exactly our condition to exactly our startup taint.
 #[test]
-fn the_shipped_node_readiness_rule_maps_our_condition_to_our_taint() {
+fn the_shipped_node_readiness_rule_is_one_nrc_accepts_for_our_nodes() {
     let rule: serde_json::Value = serde_norway::from_str(include_str!(
         "../../packaging/kubernetes/node-readiness-rule.yaml"
     ))
     .expect("yaml");
     assert_eq!(rule["kind"], "NodeReadinessRule");
-    assert_eq!(rule["spec"]["taint"]["key"], STARTUP_TAINT_KEY);
+    let key = rule["spec"]["taint"]["key"].as_str().expect("taint key");
+    assert_eq!(key, STARTUP_TAINT_KEY);
+    let name = key
+        .strip_prefix("readiness.k8s.io/")
+        .expect("NRC owns only taint keys under readiness.k8s.io/");
+    let inner_ok = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+    assert!(
+        (1..=63).contains(&name.len())
+            && name.chars().all(inner_ok)
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name.ends_with(|c: char| c.is_ascii_alphanumeric()),
+        "NRC's taint name rule: {name}"
+    );
     assert_eq!(rule["spec"]["taint"]["effect"], STARTUP_TAINT_EFFECT);
     let mode = rule["spec"]["enforcementMode"].as_str().expect("mode");
     assert!(["bootstrap-only", "continuous"].contains(&mode), "{mode}");
+
+    // The selector NRC requires selects every node nodeward bootstraps (each carries the group
+    // label) and nothing else by accident.
+    let selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector =
+        serde_json::from_value(rule["spec"]["nodeSelector"].clone())
+            .expect("NRC refuses a rule without a nodeSelector");
+    assert!(
+        selector.match_labels.is_some() || selector.match_expressions.is_some(),
+        "an empty selector"
+    );
+    let bootstrapped = [(
+        crate::names::NODE_GROUP_LABEL.to_string(),
+        "web".to_string(),
+    )]
+    .into_iter()
+    .collect();
+    assert!(crate::drain::plan::selector_matches(
+        &selector,
+        &bootstrapped
+    ));
+    assert!(!crate::drain::plan::selector_matches(
+        &selector,
+        &std::collections::BTreeMap::new()
+    ));
+
     let conditions = rule["spec"]["conditions"].as_array().expect("conditions");
     let satisfied = |n: &Node| {
         conditions.iter().all(|c| {
@@ -186,4 +227,17 @@ fn the_shipped_node_readiness_rule_maps_our_condition_to_our_taint() {
         "False: the taint stays"
     );
     assert!(!satisfied(&node(None, true)), "no report: the taint stays");
+}
+
+/// A node that registered under 0.1 carries the legacy key: it is still the startup taint.
+#[test]
+fn the_legacy_startup_taint_key_is_still_ours() {
+    let mut n = node(Some("True"), false);
+    n.spec.get_or_insert_default().taints = Some(vec![Taint {
+        key: crate::names::LEGACY_STARTUP_TAINT_KEY.into(),
+        effect: STARTUP_TAINT_EFFECT.into(),
+        ..Taint::default()
+    }]);
+    assert!(has_startup_taint(&n));
+    assert_eq!(decide(&n, Mode::Continuous), Some(TaintChange::Remove));
 }

@@ -12,7 +12,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::resources::Resources;
-use crate::names::{NODE_GROUP_LABEL, STARTUP_TAINT_KEY};
+use crate::names::{NODE_GROUP_LABEL, is_startup_taint_key};
 pub use crate::names::{SCALE_DOWN_DISABLED, SCALE_DOWN_FAILED, UNNEEDED_SINCE};
 /// A pod annotation that blocks (`"false"`) or allows (`"true"`) removing its node.
 pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
@@ -79,7 +79,7 @@ impl NodeView {
 
     /// Still booting: registered with the startup taint the agent removes when ready.
     pub fn booting(&self) -> bool {
-        self.taints.iter().any(|t| t.key == STARTUP_TAINT_KEY)
+        self.taints.iter().any(|t| is_startup_taint_key(&t.key))
     }
 
     /// The taints pods will still meet once this node is up: without nodeward's startup taint
@@ -91,7 +91,7 @@ impl NodeView {
         let coming = self.ready || self.booting();
         self.taints
             .iter()
-            .filter(|t| t.key != STARTUP_TAINT_KEY)
+            .filter(|t| !is_startup_taint_key(&t.key))
             .filter(|t| !(coming && t.key == NOT_READY_TAINT))
             .cloned()
             .collect()

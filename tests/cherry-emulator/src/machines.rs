@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::CherryEmulator;
 
 /// The startup taint the agent removes.
-pub const STARTUP_TAINT: &str = "node.nodeward.io/not-ready";
+pub const STARTUP_TAINT: &str = "readiness.k8s.io/nodeward";
 
 /// How simulated machines behave.
 #[derive(Debug, Clone)]
