@@ -896,6 +896,8 @@ async fn a_node_the_agent_reports_not_ready_in_time_is_replaced() {
     })
     .await;
     let node = sim.report().booted[0].clone();
+    // Any node identity may create Events, about any Node: an Event naming this node (as another,
+    // compromised node could write it) must not get its machine deleted.
     env.kube
         .create(json!({
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
@@ -907,6 +909,41 @@ async fn a_node_the_agent_reports_not_ready_in_time_is_replaced() {
             "note": "readiness gates did not pass within the deadline"
         }))
         .expect("event");
+    let status = || {
+        env.kube
+            .get("configmaps", Some("kube-system"), "nodeward-scaler-status")
+            .map(|c| c["data"]["status"].to_string())
+            .unwrap_or_default()
+    };
+    for pass in 0..3 {
+        let before = status();
+        wait_for(
+            &format!("scaler pass {pass} after the Event"),
+            Duration::from_secs(10),
+            || status() != before,
+        )
+        .await;
+    }
+    assert!(
+        env.cherry.deleted().is_empty(),
+        "an Event alone deleted a machine"
+    );
+    // What the node's own agent writes, through nodes/status (NodeRestriction confines a node
+    // to its own): the condition with reason NotReadyInTime.
+    let now = jiff::Timestamp::now().to_string();
+    env.kube
+        .modify("nodes", None, &node, |n| {
+            let conditions = &mut n["status"]["conditions"];
+            if !conditions.is_array() {
+                *conditions = json!([]);
+            }
+            if let Some(list) = conditions.as_array_mut() {
+                list.push(json!({"type": "nodeward.io/Ready", "status": "False",
+                    "reason": "NotReadyInTime", "message": "failing: file /run/flannel/subnet.env",
+                    "lastHeartbeatTime": now, "lastTransitionTime": now}));
+            }
+        })
+        .expect("condition");
     wait_for(
         "the machine deleted long before max_provision_time",
         Duration::from_secs(10),

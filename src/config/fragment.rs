@@ -7,7 +7,7 @@ use serde::Deserialize;
 use super::Settings;
 use super::scaler::{
     Argv, BaseUrl, Capacity, CherryGroupSettings, CherrySettings, ExecSettings, Expander,
-    GroupEntry, GroupSettings, Groups, IpAddressIds, Label, LabelKeys, Labels, ListenAddr,
+    GroupEntry, GroupSettings, Groups, IpAddressIds, Label, LabelKeys, Labels, ListenAddr, Percent,
     ProviderKind, ScalerSettings, Share, Taints, TokenTtl, default_template,
 };
 use super::types::{
@@ -165,6 +165,12 @@ fragment!(
         max_provision_time: ConfigDuration,
         /// NotReady timeout.
         unready_delete_time: ConfigDuration,
+        /// Guard: NotReady share.
+        max_unready_percent: Percent,
+        /// Guard: NotReady count always tolerated.
+        ok_unready_count: u32,
+        /// NotReady repairs per pass.
+        max_unready_repairs_per_pass: Positive,
         /// First back-off.
         backoff_initial: ConfigDuration,
         /// Longest back-off.
@@ -363,6 +369,13 @@ impl ScalerFragment {
             unready_delete_time: self
                 .unready_delete_time
                 .map_or(d.unready_delete_time, |t| t.0),
+            max_unready_percent: self
+                .max_unready_percent
+                .map_or(d.max_unready_percent, |p| p.0),
+            ok_unready_count: self.ok_unready_count.unwrap_or(d.ok_unready_count),
+            max_unready_repairs_per_pass: self
+                .max_unready_repairs_per_pass
+                .map_or(d.max_unready_repairs_per_pass, |c| c.0),
             backoff_initial: self.backoff_initial.map_or(d.backoff_initial, |t| t.0),
             backoff_max: self.backoff_max.map_or(d.backoff_max, |t| t.0),
             values: self.values.unwrap_or(d.values),

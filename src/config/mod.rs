@@ -75,8 +75,9 @@ pub struct Settings {
 pub struct AgentSettings {
     /// Where the agent writes what it sees, for `nodeward status` (atomically).
     pub status_file: PathBuf,
-    /// If the gates have not all passed this long after the agent started, it reports the node
-    /// with a `NodeNotReadyInTime` Event so the scaler can replace the machine.
+    /// If the gates have not all passed this long after the agent started, its condition's
+    /// reason becomes `NotReadyInTime` (the scaler replaces the machine on it) and it records a
+    /// `NodeNotReadyInTime` Event for people.
     pub boot_deadline: Duration,
     /// Put the startup taint back when a gate fails after the node became schedulable (only
     /// with `startup_taint = "agent"`; the controller has its own `--mode`).

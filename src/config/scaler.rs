@@ -70,6 +70,16 @@ pub struct ScalerSettings {
     pub max_provision_time: Duration,
     /// A node NotReady for this long is replaced.
     pub unready_delete_time: Duration,
+    /// The cluster-health guard (cluster-autoscaler's `--max-total-unready-percentage`): with
+    /// more than [`Self::ok_unready_count`] nodes NotReady *and* more than this percentage of
+    /// all nodes, the scaler takes it for a partition or an API server blip, not for broken
+    /// machines: it replaces no NotReady node, deletes no Node and scales nothing down.
+    pub max_unready_percent: u8,
+    /// NotReady nodes the guard always tolerates (`--ok-total-unready-count`).
+    pub ok_unready_count: u32,
+    /// NotReady nodes replaced (or Nodes without a machine deleted) per pass at most, whatever
+    /// the guard says: a wave of failures is worked off slowly.
+    pub max_unready_repairs_per_pass: u32,
     /// First back-off of a group after a failed machine; doubles per failure.
     pub backoff_initial: Duration,
     /// Longest back-off.
@@ -366,6 +376,25 @@ impl<'de> Deserialize<'de> for Groups {
     }
 }
 
+/// A percentage in [0, 100].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Percent(pub(crate) u8);
+
+impl<'de> Deserialize<'de> for Percent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = i64::deserialize(d)?;
+        u8::try_from(v)
+            .ok()
+            .filter(|v| *v <= 100)
+            .map(Percent)
+            .ok_or_else(|| {
+                de::Error::custom(format!(
+                    "{v} is out of range: expected a whole number from 0 to 100"
+                ))
+            })
+    }
+}
+
 /// A share in [0, 1].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Share(pub(crate) f64);
@@ -500,6 +529,10 @@ impl Default for ScalerSettings {
             max_provision_time: Duration::from_secs(600),
             // cluster-autoscaler's default --scale-down-unready-time.
             unready_delete_time: Duration::from_secs(1200),
+            // cluster-autoscaler's defaults.
+            max_unready_percent: 45,
+            ok_unready_count: 3,
+            max_unready_repairs_per_pass: 3,
             // cluster-autoscaler's initial node-group back-off.
             backoff_initial: Duration::from_secs(300),
             // cluster-autoscaler's maximum node-group back-off.

@@ -111,7 +111,7 @@ fn past_the_boot_deadline_the_reason_says_so_and_the_scaler_reads_it() {
         ]}}))
         .expect("node");
     assert!(reports_not_ready_in_time(&n));
-    let view = crate::scaler::model::node_view(&n, &Default::default());
+    let view = crate::scaler::model::node_view(&n);
     assert!(view.not_ready_in_time);
     assert!(!reports_not_ready_in_time(&node(Some("False"), true)));
 }

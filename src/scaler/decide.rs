@@ -177,6 +177,31 @@ pub enum Action {
         /// The group.
         group: String,
     },
+    /// The cluster-health guard holds: too many nodes are NotReady at once to take them for
+    /// broken machines, so none is replaced, no Node deleted and nothing scaled down.
+    GuardHolds {
+        /// NotReady nodes (booting ones aside).
+        unready: u32,
+        /// All nodes.
+        total: u32,
+        /// Repairs and Node deletions held back this pass.
+        held: u32,
+    },
+}
+
+/// The cluster-health guard's verdict on a snapshot: `Some((unready, total))` when more than
+/// `ok_unready_count` nodes *and* more than `max_unready_percent` % of all nodes are NotReady
+/// (nodes still booting are neither), as cluster-autoscaler judges a cluster unhealthy.
+pub fn unhealthy(snap: &Snapshot, s: &ScalerSettings) -> Option<(u32, u32)> {
+    let total = u32::try_from(snap.nodes.len()).unwrap_or(u32::MAX);
+    let unready = snap
+        .nodes
+        .iter()
+        .filter(|n| !n.ready && !n.booting())
+        .count();
+    let unready = u32::try_from(unready).unwrap_or(u32::MAX);
+    let over_share = u64::from(unready) * 100 > u64::from(s.max_unready_percent) * u64::from(total);
+    (unready > s.ok_unready_count && over_share).then_some((unready, total))
 }
 
 /// One group's membership, as the provider and the Nodes tell it.
@@ -810,19 +835,22 @@ fn headroom(s: &ScalerSettings, gi: usize, planned: &[u32], size: &[u32]) -> u32
 pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action> {
     let cx = Context::new(snap, now, s);
     let mut plan = Plan::new(&cx);
-    repair(&cx, &mut plan);
+    let guard = unhealthy(snap, s);
+    repair(&cx, &mut plan, guard);
     scale_up(&cx, &mut plan);
     min_and_standby(&cx, &mut plan);
     cap_boots(&cx, &mut plan);
-    if s.scale_down_enabled {
+    if s.scale_down_enabled && guard.is_none() {
         scale_down(&cx, &mut plan);
     }
     plan.actions
 }
 
 /// Repair: machines that never became nodes, nodes that never became ready or stopped being;
-/// the back-off their failures cause, and the back-off a recovered group no longer needs.
-fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
+/// the back-off their failures cause, and the back-off a recovered group no longer needs. While
+/// the cluster-health guard holds (`guard`: NotReady and total nodes), no NotReady node is
+/// replaced and no Node deleted; otherwise at most `max_unready_repairs_per_pass` of them.
+fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, guard: Option<(u32, u32)>) {
     let (snap, now, s) = (cx.snap, cx.now, cx.s);
     let (groups, node_by_name) = (&cx.groups, &cx.node_by_name);
     let Plan {
@@ -833,6 +861,22 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
         ..
     } = plan;
     let mut failures: BTreeMap<&str, u32> = BTreeMap::new();
+    // NotReady repairs and Node deletions still allowed this pass; the rest are held.
+    let mut unready_budget = if guard.is_some() {
+        0
+    } else {
+        s.max_unready_repairs_per_pass
+    };
+    let mut held = 0u32;
+    let mut take = |budget: &mut u32| {
+        if *budget == 0 {
+            held += 1;
+            false
+        } else {
+            *budget -= 1;
+            true
+        }
+    };
     for m in &snap.machines {
         let Some(&gi) = groups.get(m.group.as_str()) else {
             continue;
@@ -853,6 +897,9 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
             }
             Some(_) => None,
         };
+        if reason == Some(RepairReason::Unready) && !take(&mut unready_budget) {
+            continue;
+        }
         if let Some(reason) = reason {
             repaired.insert(m.hostname.as_str());
             size[gi] = size[gi].saturating_sub(1);
@@ -887,6 +934,7 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
         if n.ready_transition
             .or(n.created)
             .is_some_and(|since| elapsed(now, since) >= s.unready_delete_time)
+            && take(&mut unready_budget)
         {
             repaired.insert(n.name.as_str());
             size[gi] = size[gi].saturating_sub(1);
@@ -896,6 +944,13 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
                 reason: DeleteNodeReason::Unready,
             });
         }
+    }
+    if let Some((unready, total)) = guard {
+        actions.push(Action::GuardHolds {
+            unready,
+            total,
+            held,
+        });
     }
     for (group, n) in &failures {
         if let Some(&gi) = groups.get(group) {

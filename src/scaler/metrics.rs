@@ -47,6 +47,8 @@ pub struct Metrics {
     pub pending_to_create_seconds: Histogram,
     /// 1 while this replica holds the Lease.
     pub leader: Gauge,
+    /// 1 while the cluster-health guard holds repairs and scale-down back.
+    pub guard_holding: Gauge,
 }
 
 impl Default for Metrics {
@@ -62,6 +64,7 @@ impl Default for Metrics {
             decision_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             pending_to_create_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             leader: Gauge::default(),
+            guard_holding: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -99,6 +102,11 @@ impl Default for Metrics {
             "leader",
             "1 while this replica holds the Lease",
             m.leader.clone(),
+        );
+        registry.register(
+            "guard_holding",
+            "1 while too many nodes are NotReady for the scaler to replace any or scale down",
+            m.guard_holding.clone(),
         );
         Self { registry, ..m }
     }

@@ -2,7 +2,7 @@
 //! objects once per pass. Keeping decide off the k8s-openapi types keeps it fast (30,000 pods)
 //! and its tests short.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
@@ -19,8 +19,6 @@ pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 /// The node lifecycle controller's taint on a node whose Ready condition is not True (also put
 /// on every new Node by the TaintNodesByCondition admission plugin).
 pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
-/// The Event reason the agent emits on a Node whose readiness gates never passed.
-pub const NOT_READY_IN_TIME: &str = "NodeNotReadyInTime";
 /// Labels of hosts the scaler must never remove, whatever group label they carry: the default
 /// of `scaler.controller_node_labels`.
 pub const PROTECTED_ROLE_LABELS: &[&str] = &[
@@ -65,7 +63,7 @@ pub struct NodeView {
     pub unneeded_since: Option<Timestamp>,
     /// [`SCALE_DOWN_DISABLED`] is `"true"`.
     pub scale_down_disabled: bool,
-    /// The agent reported [`NOT_READY_IN_TIME`] for it.
+    /// The agent gave up on it: its `nodeward.io/Ready` condition has reason `NotReadyInTime`.
     pub not_ready_in_time: bool,
     /// [`SCALE_DOWN_FAILED`]: the fingerprint recorded when a scale-down drain last failed.
     pub scale_down_failed: Option<String>,
@@ -363,10 +361,11 @@ fn ts(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<Timest
     Some(t.0)
 }
 
-/// Converts a Node. `not_ready_in_time` is the set of nodes the agent reported with an Event;
-/// the agent's `nodeward.io/Ready` condition with reason `NotReadyInTime` says the same and
-/// survives Event expiry.
-pub fn node_view(node: &Node, not_ready_in_time: &BTreeSet<String>) -> NodeView {
+/// Converts a Node. A node the agent gave up on says so in its own `nodeward.io/Ready` condition
+/// (reason `NotReadyInTime`): written through `nodes/status`, which NodeRestriction confines to
+/// the node's own Node. The agent's `NodeNotReadyInTime` Event says the same but is no trigger:
+/// any node identity may create Events about any Node.
+pub fn node_view(node: &Node) -> NodeView {
     let name = node.metadata.name.clone().unwrap_or_default();
     let annotations = node.metadata.annotations.clone().unwrap_or_default();
     let spec = node.spec.clone().unwrap_or_default();
@@ -385,8 +384,7 @@ pub fn node_view(node: &Node, not_ready_in_time: &BTreeSet<String>) -> NodeView 
         .is_some_and(|r| r.reason.starts_with(super::SCALE_DOWN_REASON))
         && spec.unschedulable.unwrap_or(false);
     NodeView {
-        not_ready_in_time: not_ready_in_time.contains(&name)
-            || crate::readiness::reports_not_ready_in_time(node),
+        not_ready_in_time: crate::readiness::reports_not_ready_in_time(node),
         name,
         labels: node.metadata.labels.clone().unwrap_or_default(),
         taints: spec

@@ -23,7 +23,7 @@ use tracing::{debug, error, info, instrument, warn};
 
 use super::decide::{self, Action, GroupState, ScaleUpReason};
 use super::metrics::{self, Metrics};
-use super::model::{self, Backoff, NOT_READY_IN_TIME, SCALE_DOWN_FAILED, Snapshot, UNNEEDED_SINCE};
+use super::model::{self, Backoff, SCALE_DOWN_FAILED, Snapshot, UNNEEDED_SINCE};
 use super::provider::{self, CLUSTER_TAG, CreateSpec, POOL_TAG, Provider};
 use super::{SCALE_DOWN_REASON, token};
 use crate::config::{GroupSettings, ScalerSettings, Settings};
@@ -422,44 +422,29 @@ impl<P: Provider + 'static> Inner<P> {
     async fn gather(&self) -> Result<Snapshot> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let pods: Api<Pod> = Api::all(self.client.clone());
-        let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(self.client.clone());
         let status: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.settings.namespace);
         let budgets: Api<PodDisruptionBudget> = Api::all(self.client.clone());
         let all = ListParams::default();
         let live = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-        let reason = format!("reason={NOT_READY_IN_TIME}");
-        let not_ready_events = ListParams::default().fields(&reason);
-        let (nodes, pods, events, status, budgets, machines) = tokio::join!(
+        let (nodes, pods, status, budgets, machines) = tokio::join!(
             nodes.list(&all),
             pods.list(&live),
-            events.list(&not_ready_events),
             status.get_opt(STATUS_CONFIGMAP),
             budgets.list(&all),
             self.provider.list(),
         );
         let nodes = nodes.map_err(api("list nodes"))?;
         let pods = pods.map_err(api("list pods"))?;
-        let events = events.map_err(api("list events"))?;
         let status = status.map_err(api("read the status ConfigMap"))?;
         let budgets = budgets.map_err(api("list poddisruptionbudgets"))?;
         let machines = machines?;
-        let not_ready: std::collections::BTreeSet<String> = events
-            .items
-            .iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Node"))
-            .filter_map(|e| e.regarding.as_ref().and_then(|r| r.name.clone()))
-            .collect();
         let backoff = status
             .and_then(|cm| cm.data)
             .and_then(|d| d.get("backoff").cloned())
             .and_then(|b| serde_json::from_str(&b).ok())
             .unwrap_or_default();
         Ok(Snapshot {
-            nodes: nodes
-                .items
-                .iter()
-                .map(|n| model::node_view(n, &not_ready))
-                .collect(),
+            nodes: nodes.items.iter().map(model::node_view).collect(),
             pods: pods.items.iter().filter_map(model::pod_view).collect(),
             machines,
             backoff,
@@ -518,6 +503,10 @@ impl<P: Provider + 'static> Inner<P> {
         for a in &actions {
             log_action(a, self.opts.dry_run);
         }
+        let holding = actions
+            .iter()
+            .any(|a| matches!(a, Action::GuardHolds { .. }));
+        self.metrics.guard_holding.set(i64::from(holding));
         if self.opts.dry_run {
             return Ok(actions);
         }
@@ -556,6 +545,23 @@ impl<P: Provider + 'static> Inner<P> {
                 }
                 Action::ClearBackOff { group } => {
                     backoff.remove(group);
+                }
+                Action::GuardHolds { .. } => {
+                    let status = ObjectReference {
+                        api_version: Some("v1".into()),
+                        kind: Some("ConfigMap".into()),
+                        namespace: Some(self.settings.namespace.clone()),
+                        name: Some(STATUS_CONFIGMAP.into()),
+                        ..ObjectReference::default()
+                    };
+                    self.event(
+                        &status,
+                        EventType::Warning,
+                        "ClusterUnhealthy",
+                        "Repair",
+                        guard_note(a),
+                    )
+                    .await;
                 }
                 Action::DeleteNode {
                     group,
@@ -966,6 +972,10 @@ impl<P: Provider + 'static> Inner<P> {
         let doc = StatusDoc {
             time: now.to_string(),
             leader: &self.opts.identity,
+            guard: actions.iter().find_map(|a| match a {
+                Action::GuardHolds { .. } => Some(guard_note(a)),
+                _ => None,
+            }),
             pending_unschedulable_pods: pending,
             groups: self
                 .settings
@@ -1042,6 +1052,9 @@ impl<P: Provider + 'static> Inner<P> {
 struct StatusDoc<'a> {
     time: String,
     leader: &'a str,
+    /// Set while the cluster-health guard holds: what it holds back and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    guard: Option<String>,
     pending_unschedulable_pods: usize,
     groups: BTreeMap<&'a str, GroupStatus>,
     last_actions: Vec<String>,
@@ -1059,8 +1072,26 @@ struct GroupStatus {
     backoff_until: Option<String>,
 }
 
+/// One line for the guard's status, Event and log.
+fn guard_note(a: &Action) -> String {
+    match a {
+        Action::GuardHolds {
+            unready,
+            total,
+            held,
+        } => format!(
+            "{unready} of {total} nodes NotReady, more than the cluster-health guard tolerates \
+             (max_unready_percent, ok_unready_count): taken for a partition or an API server \
+             outage, not broken machines; {held} repairs held back, no scale-down until fewer \
+             are NotReady"
+        ),
+        _ => String::new(),
+    }
+}
+
 fn log_action(a: &Action, dry_run: bool) {
     match a {
+        Action::GuardHolds { .. } => warn!(dry_run, "{}", guard_note(a)),
         Action::ScaleUp {
             group,
             count,
@@ -1161,6 +1192,7 @@ package_url = "https://downloads.example.com/nodeward/nodeward_0.1.0.{ext}"
         let doc = StatusDoc {
             time: "2026-01-01T00:00:00Z".into(),
             leader: "pod-1: #odd 'identity'",
+            guard: Some("6 of 8 nodes NotReady: held".into()),
             pending_unschedulable_pods: 3,
             groups: BTreeMap::from([(
                 "web",

@@ -1771,6 +1771,7 @@ mod phases {
                 Action::BackOff { .. } => "BackOff",
                 Action::DeleteNode { .. } => "DeleteNode",
                 Action::ClearBackOff { .. } => "ClearBackOff",
+                Action::GuardHolds { .. } => "GuardHolds",
             })
             .collect()
     }
@@ -1784,7 +1785,7 @@ mod phases {
         let cx = Context::new(&snap, at(10), &s);
         let mut plan = Plan::new(&cx);
         assert_eq!(plan.size, [2]);
-        repair(&cx, &mut plan);
+        repair(&cx, &mut plan, None);
         assert_eq!(kinds(&plan.actions), ["Repair", "BackOff"]);
         assert_eq!(plan.size, [1], "the repaired machine no longer counts");
         assert!(plan.repaired.contains("ghost"));
@@ -2169,4 +2170,91 @@ fn a_machineless_node_notready_for_the_unready_time_is_deleted() {
             "{what}: not deleted"
         );
     }
+}
+
+/// `n` members of `web`, the first `unready` of them NotReady since t0.
+fn fleet(n: usize, unready: usize) -> Snapshot {
+    let mut snap = Snapshot::default();
+    for i in 0..n {
+        member(&mut snap, &format!("n{i}"), "web");
+        if i < unready {
+            snap.nodes[i].ready = false;
+            snap.nodes[i].ready_transition = Some(t0());
+        }
+    }
+    snap
+}
+
+fn unready_repairs(actions: &[Action]) -> usize {
+    actions
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                Action::Repair {
+                    reason: RepairReason::Unready,
+                    ..
+                } | Action::DeleteNode { .. }
+            )
+        })
+        .count()
+}
+
+/// A partition or an API server blip makes many nodes NotReady at once: the scaler must not
+/// take them all for broken machines and delete them (cluster-autoscaler stops above 45% and
+/// more than 3 NotReady; before the guard nodeward replaced every one).
+#[test]
+fn the_cluster_health_guard_holds_when_many_nodes_are_unready() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let a = decide(&fleet(8, 6), at(60), &s);
+    assert_eq!(unready_repairs(&a), 0, "{a:?}");
+    assert!(
+        a.contains(&Action::GuardHolds {
+            unready: 6,
+            total: 8,
+            held: 6
+        }),
+        "the guard says why: {a:?}"
+    );
+    assert!(
+        !a.iter().any(|a| matches!(a, Action::ScaleDown { .. })),
+        "no scale-down while it holds: {a:?}"
+    );
+    // A labelled Node whose machine is gone is held back too.
+    let mut snap = fleet(8, 6);
+    snap.machines.remove(0);
+    assert_eq!(unready_repairs(&decide(&snap, at(60), &s)), 0);
+
+    // One of eight: a broken machine, replaced.
+    let a = decide(&fleet(8, 1), at(60), &s);
+    assert_eq!(unready_repairs(&a), 1, "{a:?}");
+    assert!(!a.iter().any(|a| matches!(a, Action::GuardHolds { .. })));
+    // Three of four: 75%, but no more than ok_unready_count: replaced.
+    assert_eq!(unready_repairs(&decide(&fleet(4, 3), at(60), &s)), 3);
+}
+
+/// Below the guard's threshold, a wave of NotReady nodes is worked off a few per pass.
+#[test]
+fn unready_repairs_per_pass_are_capped() {
+    let s = settings(vec![group("web", 0, 30)]);
+    // 5 of 20: 25%, under the guard's 45%.
+    let a = decide(&fleet(20, 5), at(60), &s);
+    assert_eq!(
+        unready_repairs(&a),
+        usize::try_from(s.max_unready_repairs_per_pass).expect("small")
+    );
+    assert!(!a.iter().any(|a| matches!(a, Action::GuardHolds { .. })));
+}
+
+#[test]
+fn guard_thresholds() {
+    let s = ScalerSettings::default();
+    assert_eq!(unhealthy(&fleet(8, 6), &s), Some((6, 8)));
+    assert_eq!(unhealthy(&fleet(8, 3), &s), None, "not more than 3");
+    assert_eq!(
+        unhealthy(&fleet(100, 45), &s),
+        None,
+        "45% is not more than 45%"
+    );
+    assert_eq!(unhealthy(&fleet(100, 46), &s), Some((46, 100)));
 }
