@@ -28,6 +28,19 @@ async fn emulator() -> Arc<EmulatorHandle> {
     Arc::new(emu)
 }
 
+/// A live DaemonSet `kube-system/flannel` and its pod `flannel-x` on the node.
+fn seed_flannel(emu: &EmulatorHandle) {
+    emu.seed_daemonset("kube-system", "flannel")
+        .expect("daemonset");
+    emu.seed_pod(
+        PodSeed::new("kube-system", "flannel-x")
+            .node(NODE)
+            .owner("DaemonSet", "flannel")
+            .ready(true),
+    )
+    .expect("daemonset pod");
+}
+
 /// The emulator with `n` pods `web-0`… on the node.
 async fn emulator_with_web(n: usize) -> Arc<EmulatorHandle> {
     let emu = emulator().await;
@@ -107,14 +120,7 @@ fn event_reasons(emu: &EmulatorHandle) -> Vec<String> {
 async fn skips_daemonset_mirror_and_finished_pods() {
     let emu = emulator().await;
     emu.seed_pod(web("web-1")).expect("pod");
-    emu.seed_daemonset("kube-system", "flannel").expect("ds");
-    emu.seed_pod(
-        PodSeed::new("kube-system", "flannel-x")
-            .node(NODE)
-            .owner("DaemonSet", "flannel")
-            .ready(true),
-    )
-    .expect("ds");
+    seed_flannel(&emu);
     emu.seed_pod(
         PodSeed::new("kube-system", "etcd-worker-1")
             .node(NODE)
@@ -214,19 +220,11 @@ async fn emptydir_pods_are_refused_by_default_except_when_the_node_leaves() {
 }
 
 /// A pod whose DaemonSet is gone has nothing to recreate it: refused without force (the drain
-/// does not say "drained" with it still there), evicted with it, as kubectl drain does. A
-/// DaemonSet of another API group is an ordinary controller.
+/// does not say "drained" with it still there), evicted with it, as kubectl drain does.
 #[tokio::test]
 async fn pods_of_a_missing_daemonset_are_refused_unless_forced() {
     let emu = emulator().await;
-    emu.seed_daemonset("kube-system", "flannel").expect("ds");
-    emu.seed_pod(
-        PodSeed::new("kube-system", "flannel-x")
-            .node(NODE)
-            .owner("DaemonSet", "flannel")
-            .ready(true),
-    )
-    .expect("live ds pod");
+    seed_flannel(&emu);
     emu.seed_pod(
         PodSeed::new("kube-system", "orphan-x")
             .node(NODE)
@@ -630,14 +628,7 @@ async fn a_failing_budget_list_does_not_block_evictions() {
 #[tokio::test]
 async fn nothing_to_evict_publishes_no_empty_events() {
     let emu = emulator().await;
-    emu.seed_daemonset("kube-system", "flannel").expect("ds");
-    emu.seed_pod(
-        PodSeed::new("kube-system", "flannel-x")
-            .node(NODE)
-            .owner("DaemonSet", "flannel")
-            .ready(true),
-    )
-    .expect("ds");
+    seed_flannel(&emu);
     let report = drain::drain(&client(&emu).await, NODE, &options(Duration::from_secs(5)))
         .await
         .expect("drain");

@@ -209,15 +209,6 @@ fn run(cmd: &mut Command) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Whether `text` names the pod `key` (`ns/name`) as a whole word.
 fn names(text: &str, key: &str) -> bool {
     text.match_indices(key).any(|(i, _)| {
@@ -280,7 +271,7 @@ fn nodeward_verdicts(
     assert!(
         out.status.success(),
         "nodeward drain --dry-run: {}",
-        text(&out)
+        common::output_text(&out)
     );
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let verdicts = stdout

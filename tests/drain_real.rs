@@ -31,15 +31,6 @@ fn drain(kubeconfig: &std::path::Path, node: &str, timeout: &str) -> Output {
         .expect("run nodeward drain")
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 async fn pods_of(client: &kube::Client, ns: &str, app: &str) -> Vec<Pod> {
     Api::<Pod>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(&format!("app={app}")))
@@ -166,9 +157,13 @@ async fn node_drains_itself_within_the_budget(cluster: Cluster) {
         "drain of 6 pods as system:node:{target}: {:?}",
         t0.elapsed()
     );
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", common::output_text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("6 evicted"), "{}", text(&out));
+    assert!(
+        stdout.contains("6 evicted"),
+        "{}",
+        common::output_text(&out)
+    );
     wait_replaced(&admin, &ns, &spare, 6).await;
     // The disruption controller's record: the budget was never overdrawn.
     let pdb = Api::<PodDisruptionBudget>::namespaced(admin.clone(), &ns)
@@ -184,12 +179,12 @@ async fn node_drains_itself_within_the_budget(cluster: Cluster) {
 async fn a_node_cannot_drain_another(cluster: Cluster) {
     let (admin, ns, target, spare) = setup(&cluster, 2).await;
     let out = drain(&cluster.node_kubeconfig(&spare), &target, "10s");
-    assert!(!out.status.success(), "{}", text(&out));
+    assert!(!out.status.success(), "{}", common::output_text(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("forbidden") || err.contains("403"),
         "{}",
-        text(&out)
+        common::output_text(&out)
     );
     let left = pods_of(&admin, &ns, "web").await;
     assert!(
@@ -259,7 +254,7 @@ async fn each_agent_rule_is_needed(cluster: Cluster) {
             .await
             .expect("binding");
         let out = drain(&cluster.user_kubeconfig(&user, &[]), &target, "8s");
-        let all = text(&out);
+        let all = common::output_text(&out);
         assert!(
             !out.status.success(),
             "without {resource} ({what}) the drain must fail\n{all}"

@@ -21,15 +21,6 @@ fn control_plane(cluster: &Cluster, args: &[&str]) -> Output {
         .expect("run scripts/control-plane")
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Every form of `--taint k[=v]:Effect` the header documents is registered as written.
 async fn node_takes_every_documented_taint_form(cluster: Cluster) {
     let name = unique("kit");
@@ -48,7 +39,7 @@ async fn node_takes_every_documented_taint_form(cluster: Cluster) {
             "example.com/empty=:PreferNoSchedule",
         ],
     );
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", common::output_text(&out));
     let node = Api::<Node>::all(cluster.admin().await)
         .get(&name)
         .await
@@ -97,11 +88,15 @@ async fn node_says_what_is_wrong(cluster: Cluster) {
         all.extend(&args);
         let out = control_plane(&cluster, &all);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} must fail\n{}", text(&out));
+        assert!(
+            !out.status.success(),
+            "{args:?} must fail\n{}",
+            common::output_text(&out)
+        );
         assert!(
             stderr.contains(expected),
             "{args:?}: the error says {expected:?}\n{}",
-            text(&out)
+            common::output_text(&out)
         );
     }
     let gone = Api::<Node>::all(cluster.admin().await)
