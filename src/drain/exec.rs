@@ -469,6 +469,90 @@ fn daemonset_in(daemonsets: &Mirror<PartialObjectMeta<DaemonSet>>) -> impl Fn(&s
     move |namespace, name| daemonsets.get(name, Some(namespace)).is_some()
 }
 
+/// The drain's three watches and what they have delivered: the node's pods (how the drain
+/// learns a pod is really gone), the budgets (when to retry a blocked eviction) and the
+/// DaemonSets' names (whether a DaemonSet pod's DaemonSet still exists).
+struct Watches<'a> {
+    pod_events: BoxStream<'a, watcher::Result<watcher::Event<Pod>>>,
+    pdb_events: BoxStream<'a, watcher::Result<watcher::Event<PodDisruptionBudget>>>,
+    ds_events: BoxStream<'a, watcher::Result<watcher::Event<PartialObjectMeta<DaemonSet>>>>,
+    pods: Mirror<Pod>,
+    budgets: Mirror<PodDisruptionBudget>,
+    daemonsets: Mirror<PartialObjectMeta<DaemonSet>>,
+}
+
+impl Watches<'_> {
+    fn start(client: &Client, node: &str) -> Self {
+        let pods_api: Api<Pod> = Api::all(client.clone());
+        let pod_events = watcher(
+            pods_api,
+            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+        )
+        .default_backoff()
+        .boxed();
+        let pdb_api: Api<PodDisruptionBudget> = Api::all(client.clone());
+        let pdb_events = watcher(pdb_api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        // Only names matter (does a pod's DaemonSet still exist?): metadata, not whole objects.
+        let ds_api: Api<PartialObjectMeta<DaemonSet>> = Api::all(client.clone());
+        let ds_events = watcher(ds_api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        Self {
+            pod_events,
+            pdb_events,
+            ds_events,
+            pods: Mirror::default(),
+            budgets: Mirror::default(),
+            daemonsets: Mirror::default(),
+        }
+    }
+
+    /// Waits for the pods' and DaemonSets' initial lists before anything is planned (a
+    /// DaemonSet pod is skipped only if its DaemonSet exists). Budgets only time the retries of
+    /// a refused eviction (the Eviction API itself enforces them), so evictions do not wait for
+    /// their list; the main loop keeps applying their events.
+    async fn initial_lists(
+        &mut self,
+        node: &str,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<()> {
+        let mut last_error = String::from("no answer");
+        while !self.pods.synced() || !self.daemonsets.synced() {
+            tokio::select! {
+                Some(ev) = self.pod_events.next() => match ev {
+                    Ok(ev) => self.pods.apply(&ev),
+                    Err(e) => {
+                        check_watch_error(node, &e, "list and watch pods")?;
+                        last_error = e.to_string();
+                    }
+                },
+                Some(ev) = self.ds_events.next() => match ev {
+                    Ok(ev) => self.daemonsets.apply(&ev),
+                    Err(e) => {
+                        check_watch_error(node, &e, "list and watch daemonsets")?;
+                        last_error = e.to_string();
+                    }
+                },
+                Some(ev) = self.pdb_events.next() => match ev {
+                    Ok(ev) => self.budgets.apply(&ev),
+                    Err(e) => check_watch_error(node, &e, "list and watch poddisruptionbudgets")?,
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(Error::PodsNotListed {
+                        node: node.to_string(),
+                        waited: timeout,
+                        last_error,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 struct Drain<'a> {
     client: &'a Client,
     node: &'a str,
@@ -544,68 +628,17 @@ impl<'a> Drain<'a> {
             .await;
         }
 
-        let pods_api: Api<Pod> = Api::all(self.client.clone());
-        let mut pod_events: BoxStream<'_, _> = watcher(
-            pods_api,
-            watcher::Config::default().fields(&format!("spec.nodeName={}", self.node)),
-        )
-        .default_backoff()
-        .boxed();
-        let pdb_api: Api<PodDisruptionBudget> = Api::all(self.client.clone());
-        let mut pdb_events: BoxStream<'_, _> = watcher(pdb_api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        // Only names matter (does a pod's DaemonSet still exist?): metadata, not whole objects.
-        let ds_api: Api<PartialObjectMeta<DaemonSet>> = Api::all(self.client.clone());
-        let mut ds_events: BoxStream<'_, _> = watcher(ds_api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        let mut pods = Mirror::<Pod>::default();
-        let mut budgets = Mirror::<PodDisruptionBudget>::default();
-        let mut daemonsets = Mirror::<PartialObjectMeta<DaemonSet>>::default();
-
-        // The pods' and DaemonSets' initial lists before anything is planned (a DaemonSet pod
-        // is skipped only if its DaemonSet exists). Budgets only time the retries of a refused
-        // eviction (the Eviction API itself enforces them), so evictions do not wait for their
-        // list; the main loop keeps applying their events.
-        let mut last_pod_error = String::from("no answer");
-        while !pods.synced() || !daemonsets.synced() {
-            tokio::select! {
-                Some(ev) = pod_events.next() => match ev {
-                    Ok(ev) => pods.apply(&ev),
-                    Err(e) => {
-                        check_watch_error(self.node, &e, "list and watch pods")?;
-                        last_pod_error = e.to_string();
-                    }
-                },
-                Some(ev) = ds_events.next() => match ev {
-                    Ok(ev) => daemonsets.apply(&ev),
-                    Err(e) => {
-                        check_watch_error(self.node, &e, "list and watch daemonsets")?;
-                        last_pod_error = e.to_string();
-                    }
-                },
-                Some(ev) = pdb_events.next() => match ev {
-                    Ok(ev) => budgets.apply(&ev),
-                    Err(e) => check_watch_error(self.node, &e, "list and watch poddisruptionbudgets")?,
-                },
-                _ = tokio::time::sleep_until(deadline) => {
-                    return Err(Error::PodsNotListed {
-                        node: self.node.to_string(),
-                        waited: self.opts.timeout,
-                        last_error: last_pod_error,
-                    });
-                }
-            }
-        }
+        let mut w = Watches::start(self.client, self.node);
+        w.initial_lists(self.node, deadline, self.opts.timeout)
+            .await?;
         let limits = Limits {
             concurrency: self.opts.concurrency,
             timeout: self.opts.timeout,
             on_deadline: self.opts.on_deadline,
         };
         let mut schedule = Schedule::new(limits, self.opts.plan.clone(), started);
-        for pod in pods.state() {
-            schedule.track(&pod, &daemonset_in(&daemonsets));
+        for pod in w.pods.state() {
+            schedule.track(&pod, &daemonset_in(&w.daemonsets));
         }
         let (to_evict, refused) = schedule.counts();
         info!(
@@ -637,7 +670,7 @@ impl<'a> Drain<'a> {
         let outcome = loop {
             let now = Instant::now();
             // One snapshot of the budgets per step, not one per blocked pod.
-            let snapshot = budgets.state();
+            let snapshot = w.budgets.state();
             let (commands, wake) = match schedule.step(now, &|pod| budget_open(&snapshot, pod)) {
                 Step::Done(outcome) => break outcome,
                 Step::Run { commands, wake } => (commands, wake),
@@ -657,22 +690,22 @@ impl<'a> Drain<'a> {
             };
             tokio::select! {
                 Some((pod, reply)) = inflight.next(), if !inflight.is_empty() => {
-                    self.answered(&mut schedule, &budgets, &pod, reply)?;
+                    self.answered(&mut schedule, &w.budgets, &pod, reply)?;
                     progress_dirty = true;
                 }
-                Some(ev) = pod_events.next() => {
+                Some(ev) = w.pod_events.next() => {
                     match ev {
                         Ok(ev) => {
-                            pods.apply(&ev);
+                            w.pods.apply(&ev);
                             match &ev {
                                 watcher::Event::Apply(p) => {
-                                    schedule.track(p, &daemonset_in(&daemonsets));
+                                    schedule.track(p, &daemonset_in(&w.daemonsets));
                                 }
                                 watcher::Event::Delete(p) => {
                                     schedule.gone(p.metadata.uid.as_deref().unwrap_or_default());
                                 }
                                 // A relist replaced the set: whatever it lacks is gone.
-                                watcher::Event::InitDone => schedule.observe(&uids(&pods)),
+                                watcher::Event::InitDone => schedule.observe(&uids(&w.pods)),
                                 watcher::Event::Init | watcher::Event::InitApply(_) => {}
                             }
                         }
@@ -680,12 +713,12 @@ impl<'a> Drain<'a> {
                     }
                     progress_dirty = true;
                 }
-                Some(ev) = pdb_events.next() => match ev {
-                    Ok(ev) => budgets.apply(&ev),
+                Some(ev) = w.pdb_events.next() => match ev {
+                    Ok(ev) => w.budgets.apply(&ev),
                     Err(e) => check_watch_error(self.node, &e, "list and watch poddisruptionbudgets")?,
                 },
-                Some(ev) = ds_events.next() => match ev {
-                    Ok(ev) => daemonsets.apply(&ev),
+                Some(ev) = w.ds_events.next() => match ev {
+                    Ok(ev) => w.daemonsets.apply(&ev),
                     Err(e) => check_watch_error(self.node, &e, "list and watch daemonsets")?,
                 },
                 _ = tokio::time::sleep_until(wake) => {}

@@ -851,32 +851,61 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
 /// the cluster-health guard holds (`guard`: NotReady and total nodes), no NotReady node is
 /// replaced and no Node deleted; otherwise at most `max_unready_repairs_per_pass` of them.
 fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, guard: Option<(u32, u32)>) {
+    let mut budget = UnreadyBudget {
+        left: if guard.is_some() {
+            0
+        } else {
+            cx.s.max_unready_repairs_per_pass
+        },
+        held: 0,
+    };
+    let failures = repair_machines(cx, plan, &mut budget);
+    delete_machineless_nodes(cx, plan, &mut budget);
+    if let Some((unready, total)) = guard {
+        plan.actions.push(Action::GuardHolds {
+            unready,
+            total,
+            held: budget.held,
+        });
+    }
+    back_offs(cx, plan, &failures);
+}
+
+/// NotReady repairs and Node deletions still allowed this pass, and those held back.
+struct UnreadyBudget {
+    left: u32,
+    held: u32,
+}
+
+impl UnreadyBudget {
+    /// Takes one, or counts it as held.
+    fn take(&mut self) -> bool {
+        if self.left == 0 {
+            self.held += 1;
+            false
+        } else {
+            self.left -= 1;
+            true
+        }
+    }
+}
+
+/// Machines that never registered, never became ready, or whose Node has been NotReady too
+/// long; returns the failures per group (NotReady nodes are no failure of the group's).
+fn repair_machines<'a>(
+    cx: &Context<'a>,
+    plan: &mut Plan<'a>,
+    budget: &mut UnreadyBudget,
+) -> BTreeMap<&'a str, u32> {
     let (snap, now, s) = (cx.snap, cx.now, cx.s);
     let (groups, node_by_name) = (&cx.groups, &cx.node_by_name);
     let Plan {
         actions,
         size,
-        backing_off,
         repaired,
         ..
     } = plan;
     let mut failures: BTreeMap<&str, u32> = BTreeMap::new();
-    // NotReady repairs and Node deletions still allowed this pass; the rest are held.
-    let mut unready_budget = if guard.is_some() {
-        0
-    } else {
-        s.max_unready_repairs_per_pass
-    };
-    let mut held = 0u32;
-    let mut take = |budget: &mut u32| {
-        if *budget == 0 {
-            held += 1;
-            false
-        } else {
-            *budget -= 1;
-            true
-        }
-    };
     for m in &snap.machines {
         let Some(&gi) = groups.get(m.group.as_str()) else {
             continue;
@@ -897,7 +926,7 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, guard: Option<(u32, u32)>) 
             }
             Some(_) => None,
         };
-        if reason == Some(RepairReason::Unready) && !take(&mut unready_budget) {
+        if reason == Some(RepairReason::Unready) && !budget.take() {
             continue;
         }
         if let Some(reason) = reason {
@@ -914,6 +943,19 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, guard: Option<(u32, u32)>) 
             });
         }
     }
+    failures
+}
+
+/// Labelled Nodes without a machine, NotReady too long.
+fn delete_machineless_nodes<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, budget: &mut UnreadyBudget) {
+    let (snap, now, s) = (cx.snap, cx.now, cx.s);
+    let groups = &cx.groups;
+    let Plan {
+        actions,
+        size,
+        repaired,
+        ..
+    } = plan;
     // A labelled Node without a machine counts as a member (see `group_states`) while it may
     // come back. NotReady for `unready_delete_time`, its machine is taken as gone for good (as
     // a cloud's node lifecycle controller takes a Node whose instance no longer exists): the
@@ -934,7 +976,7 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, guard: Option<(u32, u32)>) 
         if n.ready_transition
             .or(n.created)
             .is_some_and(|since| elapsed(now, since) >= s.unready_delete_time)
-            && take(&mut unready_budget)
+            && budget.take()
         {
             repaired.insert(n.name.as_str());
             size[gi] = size[gi].saturating_sub(1);
@@ -945,14 +987,18 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, guard: Option<(u32, u32)>) 
             });
         }
     }
-    if let Some((unready, total)) = guard {
-        actions.push(Action::GuardHolds {
-            unready,
-            total,
-            held,
-        });
-    }
-    for (group, n) in &failures {
+}
+
+/// The back-off the failures cause, and the back-off a recovered group no longer needs.
+fn back_offs(cx: &Context<'_>, plan: &mut Plan<'_>, failures: &BTreeMap<&str, u32>) {
+    let (snap, now, s) = (cx.snap, cx.now, cx.s);
+    let groups = &cx.groups;
+    let Plan {
+        actions,
+        backing_off,
+        ..
+    } = plan;
+    for (group, n) in failures {
         if let Some(&gi) = groups.get(group) {
             backing_off[gi] = true;
         }

@@ -407,6 +407,27 @@ impl<P: Provider + 'static> Inner<P> {
         lock(&self.leader_until).is_some_and(|u| u > Instant::now() + margin)
     }
 
+    /// The cluster-health guard's Warning Event, on the status ConfigMap (the scaler's own
+    /// object: the guard is about the cluster, not one Node).
+    async fn guard_event(&self, a: &Action) {
+        let status = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            namespace: Some(self.settings.namespace.clone()),
+            name: Some(STATUS_CONFIGMAP.into()),
+            ..ObjectReference::default()
+        };
+        let note = guard_note(a);
+        self.event(
+            &status,
+            EventType::Warning,
+            "ClusterUnhealthy",
+            "Repair",
+            note,
+        )
+        .await;
+    }
+
     async fn event(
         &self,
         reference: &ObjectReference,
@@ -546,23 +567,7 @@ impl<P: Provider + 'static> Inner<P> {
                 Action::ClearBackOff { group } => {
                     backoff.remove(group);
                 }
-                Action::GuardHolds { .. } => {
-                    let status = ObjectReference {
-                        api_version: Some("v1".into()),
-                        kind: Some("ConfigMap".into()),
-                        namespace: Some(self.settings.namespace.clone()),
-                        name: Some(STATUS_CONFIGMAP.into()),
-                        ..ObjectReference::default()
-                    };
-                    self.event(
-                        &status,
-                        EventType::Warning,
-                        "ClusterUnhealthy",
-                        "Repair",
-                        guard_note(a),
-                    )
-                    .await;
-                }
+                Action::GuardHolds { .. } => self.guard_event(a).await,
                 Action::DeleteNode {
                     group,
                     node,
