@@ -7,8 +7,8 @@ use serde::Deserialize;
 use super::Settings;
 use super::scaler::{
     Argv, BaseUrl, Capacity, CherryGroupSettings, CherrySettings, ExecSettings, Expander,
-    GroupEntry, GroupSettings, Groups, IpAddressIds, Label, LabelKeys, Labels, ListenAddr, Percent,
-    ProviderKind, ScalerSettings, Share, Taints, TokenTtl, default_template,
+    GroupEntry, GroupSettings, Groups, IpAddressIds, Label, LabelKeys, Labels, LeaseDuration,
+    ListenAddr, Percent, ProviderKind, ScalerSettings, Share, Taints, TokenTtl, default_template,
 };
 use super::types::{
     ConfigDuration, NodeName, OnDeadline, Positive, ShutdownPolicy, TaintOwner, Waves,
@@ -188,7 +188,7 @@ fragment!(
         /// Lease name.
         lease_name: Label,
         /// Lease duration.
-        lease_duration: ConfigDuration,
+        lease_duration: LeaseDuration,
         /// `[scaler.cherry]`
         cherry: CherryFragment,
         /// `[scaler.exec]`

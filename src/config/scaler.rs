@@ -376,6 +376,27 @@ impl<'de> Deserialize<'de> for Groups {
     }
 }
 
+/// A Lease duration: `leaseDurationSeconds` is whole seconds, so a whole number of seconds from
+/// 1 s (0 s would make every replica leader at once, and panicked the renewal timer; "1500ms"
+/// was silently written as 1 s while the holder counted 1.5 s).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct LeaseDuration(pub(crate) Duration);
+
+impl<'de> Deserialize<'de> for LeaseDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let ConfigDuration(t) = ConfigDuration::deserialize(d)?;
+        let whole = t.subsec_nanos() == 0;
+        if t.as_secs() >= 1 && whole && i32::try_from(t.as_secs()).is_ok() {
+            Ok(LeaseDuration(t))
+        } else {
+            Err(de::Error::custom(format!(
+                "lease duration {} is out of range: expected a whole number of seconds from 1s (a Lease holds whole seconds), such as \"15s\"",
+                humantime::format_duration(t)
+            )))
+        }
+    }
+}
+
 /// A percentage in [0, 100].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Percent(pub(crate) u8);

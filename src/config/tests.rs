@@ -231,6 +231,18 @@ fn scaler_errors_name_the_key_and_form() {
             &["a.toml:2", "scaler.token_ttl", "at most 1h"],
         ),
         (
+            "[scaler]\nlease_duration = \"0s\"\n",
+            &["a.toml:2", "scaler.lease_duration", "whole number of seconds from 1s"],
+        ),
+        (
+            "[scaler]\nlease_duration = \"1500ms\"\n",
+            &["scaler.lease_duration", "whole number of seconds"],
+        ),
+        (
+            "[scaler]\nmax_unready_percent = 120\n",
+            &["scaler.max_unready_percent", "from 0 to 100"],
+        ),
+        (
             "[scaler]\nexpander = \"best\"\n",
             &["scaler.expander", "least-waste"],
         ),
