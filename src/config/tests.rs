@@ -232,7 +232,11 @@ fn scaler_errors_name_the_key_and_form() {
         ),
         (
             "[scaler]\nlease_duration = \"0s\"\n",
-            &["a.toml:2", "scaler.lease_duration", "whole number of seconds from 1s"],
+            &[
+                "a.toml:2",
+                "scaler.lease_duration",
+                "whole number of seconds from 1s",
+            ],
         ),
         (
             "[scaler]\nlease_duration = \"1500ms\"\n",

@@ -194,12 +194,14 @@ pub struct PackageUrl {
 const EXT_PLACEHOLDER: &str = "{ext}";
 
 impl Checked for PackageUrl {
-    const FORM: &'static str = "an https URL ending in .deb or .rpm, or containing {ext} where the node puts deb or rpm (e.g. https://dl.example.com/nodeward_0.1.0.{ext})";
+    const FORM: &'static str = "an https URL ending in .deb or .rpm, or containing {ext} where the node puts deb or rpm (e.g. https://dl.example.com/nodeward_0.1.0.{ext}), without whitespace, quotes, $, ` or \\ (percent-encode them)";
     fn check(s: &str) -> Option<Self> {
         let rest = s.strip_prefix("https://")?;
+        // The URL reaches the node's bootstrap script, quoted: nothing in it may be shell syntax.
         if rest.is_empty()
-            || s.chars()
-                .any(|c| c.is_whitespace() || c == '\'' || c == '"')
+            || s.chars().any(|c| {
+                c.is_whitespace() || c.is_control() || matches!(c, '\'' | '"' | '$' | '`' | '\\')
+            })
         {
             return None;
         }

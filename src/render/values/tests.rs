@@ -150,6 +150,22 @@ fn validators_accept_good_and_refuse_bad_values() {
             "package_url",
             ".deb or .rpm",
         ),
+        // The URL reaches the node's bootstrap script: nothing in it may be shell syntax.
+        (
+            "package_url=https://dl.example.com/$(id).deb",
+            "package_url",
+            "https URL",
+        ),
+        (
+            "package_url=https://dl.example.com/`id`.deb",
+            "package_url",
+            "https URL",
+        ),
+        (
+            "package_url=https://dl.example.com/x\\y.deb",
+            "package_url",
+            "https URL",
+        ),
     ];
     for (set, key, expected) in bad {
         let msg = build(BASE, &[set], token(TOKEN))
