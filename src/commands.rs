@@ -203,12 +203,15 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
     }
     let (settings, _) = crate::config::load(config)?;
     let node = node_name(args.node.as_deref(), &settings)?;
+    let timeout = args
+        .timeout
+        .as_deref()
+        .map(|t| {
+            crate::validate::duration(t)
+                .map_err(|form| anyhow::anyhow!("--timeout {t:?}: expected {form}"))
+        })
+        .transpose()?;
     let mut opts = crate::drain::DrainOptions::from_settings(&settings.drain, "nodeward drain");
-    if let Some(t) = &args.timeout {
-        opts.timeout = crate::validate::duration(t)
-            .map_err(|form| anyhow::anyhow!("--timeout {t:?}: expected {form}"))?;
-    }
-    let timeout = opts.timeout;
     // As nodeward-drain.service's ExecStop during a system shutdown: the agent's policy, and
     // nothing the agent already did (see crate::shutdown). The cordon is a shutdown cordon that
     // the agent lifts after the reboot; an operator's drain stays.
@@ -244,9 +247,11 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         let reason = format!("shutdown ({kind:?}; nodeward-drain.service stopped by the system)")
             .to_lowercase();
         opts = crate::drain::DrainOptions::for_leaving_node(&settings.drain, reason, true);
-        opts.timeout = timeout;
     }
     // The operator's word beats either default.
+    if let Some(t) = timeout {
+        opts.timeout = t;
+    }
     if let Some(force) = args.force {
         opts.plan.force = force;
     }

@@ -449,18 +449,18 @@ pub async fn dry_run(client: &Client, node: &str, opts: &DrainOptions) -> Result
             },
             e => api_err(node, "list the daemonsets for")(e),
         })?;
-    let present: BTreeSet<(String, String)> = daemonsets
+    let present: BTreeSet<(&str, &str)> = daemonsets
         .items
         .iter()
         .map(|d| {
             let m = &d.metadata;
             (
-                m.namespace.clone().unwrap_or_default(),
-                m.name.clone().unwrap_or_default(),
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default(),
             )
         })
         .collect();
-    let exists = |ns: &str, name: &str| present.contains(&(ns.to_string(), name.to_string()));
+    let exists = |ns: &str, name: &str| present.contains(&(ns, name));
     Ok(Plan::new(&list.items, &opts.plan, &exists))
 }
 

@@ -409,7 +409,7 @@ impl<P: Provider + 'static> Inner<P> {
 
     /// The cluster-health guard's Warning Event, on the status ConfigMap (the scaler's own
     /// object: the guard is about the cluster, not one Node).
-    async fn guard_event(&self, a: &Action) {
+    async fn guard_event(&self, note: String) {
         let status = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("ConfigMap".into()),
@@ -417,7 +417,6 @@ impl<P: Provider + 'static> Inner<P> {
             name: Some(STATUS_CONFIGMAP.into()),
             ..ObjectReference::default()
         };
-        let note = guard_note(a);
         self.event(
             &status,
             EventType::Warning,
@@ -567,7 +566,11 @@ impl<P: Provider + 'static> Inner<P> {
                 Action::ClearBackOff { group } => {
                     backoff.remove(group);
                 }
-                Action::GuardHolds { .. } => self.guard_event(a).await,
+                Action::GuardHolds {
+                    unready,
+                    total,
+                    held,
+                } => self.guard_event(guard_note(*unready, *total, *held)).await,
                 Action::DeleteNode {
                     group,
                     node,
@@ -978,7 +981,11 @@ impl<P: Provider + 'static> Inner<P> {
             time: now.to_string(),
             leader: &self.opts.identity,
             guard: actions.iter().find_map(|a| match a {
-                Action::GuardHolds { .. } => Some(guard_note(a)),
+                Action::GuardHolds {
+                    unready,
+                    total,
+                    held,
+                } => Some(guard_note(*unready, *total, *held)),
                 _ => None,
             }),
             pending_unschedulable_pods: pending,
@@ -1078,25 +1085,22 @@ struct GroupStatus {
 }
 
 /// One line for the guard's status, Event and log.
-fn guard_note(a: &Action) -> String {
+fn guard_note(unready: u32, total: u32, held: u32) -> String {
+    format!(
+        "{unready} of {total} nodes NotReady, more than the cluster-health guard tolerates \
+         (max_unready_percent, ok_unready_count): taken for a partition or an API server \
+         outage, not broken machines; {held} repairs held back, no scale-down until fewer \
+         are NotReady"
+    )
+}
+
+fn log_action(a: &Action, dry_run: bool) {
     match a {
         Action::GuardHolds {
             unready,
             total,
             held,
-        } => format!(
-            "{unready} of {total} nodes NotReady, more than the cluster-health guard tolerates \
-             (max_unready_percent, ok_unready_count): taken for a partition or an API server \
-             outage, not broken machines; {held} repairs held back, no scale-down until fewer \
-             are NotReady"
-        ),
-        _ => String::new(),
-    }
-}
-
-fn log_action(a: &Action, dry_run: bool) {
-    match a {
-        Action::GuardHolds { .. } => warn!(dry_run, "{}", guard_note(a)),
+        } => warn!(dry_run, "{}", guard_note(*unready, *total, *held)),
         Action::ScaleUp {
             group,
             count,
