@@ -1,0 +1,16 @@
+// flannel's CNI plugin (see tools.go for why these versions; not tidied, on purpose).
+module nodeward.test/cni-flannel
+
+go 1.26.0
+
+require github.com/containernetworking/plugins v0.9.1
+
+require (
+	github.com/Microsoft/go-winio v0.4.11 // indirect
+	github.com/Microsoft/hcsshim v0.8.6 // indirect
+	github.com/buger/jsonparser v0.0.0-20180808090653-f4dd9f5a6b44 // indirect
+	github.com/containernetworking/cni v1.1.2 // indirect
+	github.com/sirupsen/logrus v1.0.6 // indirect
+	golang.org/x/crypto v0.0.0-20200622213623-75b288015ac9 // indirect
+	golang.org/x/sys v0.0.0-20210423082822-04245dca01da // indirect
+)
