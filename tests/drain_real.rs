@@ -195,9 +195,8 @@ async fn a_node_cannot_drain_another(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
-/// Least privilege: bind rbac-agent.yaml's ClusterRole, minus one rule, to a fresh user; the
-/// drain that needs the rule fails and names what was forbidden.
-async fn each_agent_rule_is_needed(cluster: Cluster) {
+/// The shipped agent ClusterRole's rules.
+fn agent_rules() -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
     let yaml = std::fs::read_to_string(common::repo().join("packaging/kubernetes/rbac-agent.yaml"))
         .expect("rbac-agent.yaml");
     let role: ClusterRole = serde_norway::Deserializer::from_str(&yaml)
@@ -205,7 +204,80 @@ async fn each_agent_rule_is_needed(cluster: Cluster) {
         .find(|v| v["kind"] == "ClusterRole")
         .map(|v| serde_json::from_value(v).expect("role"))
         .expect("a ClusterRole in rbac-agent.yaml");
-    let rules = role.rules.clone().unwrap_or_default();
+    role.rules.unwrap_or_default()
+}
+
+/// Binds `user` to a ClusterRole (named after it) of the agent's rules without those on
+/// `resource`, or all of them when `resource` is `None`; returns the role's name.
+async fn bind_agent_rules(admin: &kube::Client, user: &str, resource: Option<&str>) -> String {
+    let rules = agent_rules();
+    let name = format!("nodeward-test-{user}");
+    let kept: Vec<_> = rules
+        .iter()
+        .filter(|r| {
+            !resource.is_some_and(|res| {
+                r.resources
+                    .as_ref()
+                    .is_some_and(|rs| rs.iter().any(|x| x == res))
+            })
+        })
+        .cloned()
+        .collect();
+    if let Some(res) = resource {
+        assert!(kept.len() < rules.len(), "no rule for {res}");
+    }
+    let role = ClusterRole {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        rules: Some(kept),
+        ..Default::default()
+    };
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    match roles.get_opt(&name).await.expect("get role") {
+        Some(_) => roles
+            .replace(&name, &PostParams::default(), &role)
+            .await
+            .expect("role"),
+        None => roles
+            .create(&PostParams::default(), &role)
+            .await
+            .expect("role"),
+    };
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+    }))
+    .expect("binding");
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    if bindings
+        .get_opt(&name)
+        .await
+        .expect("get binding")
+        .is_none()
+    {
+        bindings
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("binding");
+    }
+    name
+}
+
+async fn unbind(admin: &kube::Client, name: &str) {
+    let _ = Api::<ClusterRole>::all(admin.clone())
+        .delete(name, &Default::default())
+        .await;
+    let _ = Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete(name, &Default::default())
+        .await;
+}
+
+/// Least privilege: bind rbac-agent.yaml's ClusterRole, minus one rule, to a fresh user; the
+/// drain that needs the rule fails and names what was forbidden.
+async fn each_agent_rule_is_needed(cluster: Cluster) {
     // The drain uses all but events (best effort, logged when refused).
     let needed = [
         ("nodes", "cordon"),
@@ -217,42 +289,7 @@ async fn each_agent_rule_is_needed(cluster: Cluster) {
     for (resource, what) in needed {
         let (admin, ns, target, spare) = setup(&cluster, 2).await;
         let user = unique("lp");
-        let name = format!("nodeward-test-{user}");
-        let kept: Vec<_> = rules
-            .iter()
-            .filter(|r| {
-                !r.resources
-                    .as_ref()
-                    .is_some_and(|rs| rs.iter().any(|x| x == resource))
-            })
-            .cloned()
-            .collect();
-        assert!(kept.len() < rules.len(), "no rule for {resource}");
-        let roles: Api<ClusterRole> = Api::all(admin.clone());
-        roles
-            .create(
-                &PostParams::default(),
-                &ClusterRole {
-                    metadata: kube::api::ObjectMeta {
-                        name: Some(name.clone()),
-                        ..Default::default()
-                    },
-                    rules: Some(kept),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("role");
-        let binding: ClusterRoleBinding = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
-        }))
-        .expect("binding");
-        Api::<ClusterRoleBinding>::all(admin.clone())
-            .create(&PostParams::default(), &binding)
-            .await
-            .expect("binding");
+        let name = bind_agent_rules(&admin, &user, Some(resource)).await;
         let out = drain(&cluster.user_kubeconfig(&user, &[]), &target, "8s");
         let all = common::output_text(&out);
         assert!(
@@ -263,10 +300,7 @@ async fn each_agent_rule_is_needed(cluster: Cluster) {
             all.contains("forbidden") || all.contains("403") || all.contains("permission"),
             "without {resource} the failure names the refusal\n{all}"
         );
-        let _ = roles.delete(&name, &Default::default()).await;
-        let _ = Api::<ClusterRoleBinding>::all(admin.clone())
-            .delete(&name, &Default::default())
-            .await;
+        unbind(&admin, &name).await;
         let _ = Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
             .patch(
                 &target,
@@ -276,6 +310,65 @@ async fn each_agent_rule_is_needed(cluster: Cluster) {
             .await;
         teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
     }
+}
+
+/// The Node's `nodeward.io/Ready` condition, once `accept` takes it (30 s + the agent's
+/// 30 s re-check at most).
+async fn wait_condition(
+    admin: &kube::Client,
+    node: &str,
+    what: &str,
+    accept: impl Fn(&str, &str) -> bool,
+) -> (String, String) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(70);
+    let mut last = (String::new(), String::new());
+    while std::time::Instant::now() < deadline {
+        let n = nodes.get(node).await.expect("node");
+        if let Some(c) = n
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "nodeward.io/Ready")
+        {
+            last = (c.status, c.message.unwrap_or_default());
+            if accept(&last.0, &last.1) {
+                return last;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{what}: last condition {last:?}");
+}
+
+/// On a real node without rbac-agent.yaml, the first drain ever to run was the one at power-off:
+/// the budgets' list came back 403, the lock went, and systemd stopped every container at once.
+/// Now the agent asks the API server first (SelfSubjectAccessReview): with every other gate
+/// passing, a missing rule keeps nodeward.io/Ready False with a message naming it, and applying
+/// the rule lifts it without a restart.
+async fn agent_gates_on_drain_access(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 0).await;
+    let user = unique("ga");
+    let name = bind_agent_rules(&admin, &user, Some("poddisruptionbudgets")).await;
+    let agent = common::spawn_agent(&target, &cluster.user_kubeconfig(&user, &[]), "");
+    common::write_flannel(&agent);
+    let (_, message) = wait_condition(&admin, &target, "gated on drain access", |s, m| {
+        s == "False" && m.contains("list poddisruptionbudgets.policy")
+    })
+    .await;
+    assert!(
+        message.contains("rbac-agent.yaml"),
+        "says what to apply: {message}"
+    );
+    bind_agent_rules(&admin, &user, None).await;
+    wait_condition(&admin, &target, "Ready once the rule is there", |s, _| {
+        s == "True"
+    })
+    .await;
+    drop(agent);
+    unbind(&admin, &name).await;
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
 /// The agent as the node's identity, holding its logind delay lock (the real systemd-logind on a
@@ -401,5 +494,6 @@ real_only! {
     a_node_cannot_drain_another_nodes_pods => super::a_node_cannot_drain_another;
     each_rule_of_the_shipped_agent_rbac_is_needed => super::each_agent_rule_is_needed;
     the_agent_drains_at_poweroff_as_the_node => super::agent_drains_at_poweroff;
+    the_agent_gates_on_the_drains_api_access => super::agent_gates_on_drain_access;
     a_terminating_namespace_is_waited_for_not_forbidden => super::a_terminating_namespace_is_waited_for;
 }

@@ -45,6 +45,7 @@ use tracing::{error, info, warn};
 use zbus::zvariant::OwnedFd;
 
 use crate::config::{Settings, ShutdownPolicy, TaintOwner};
+use crate::drain::access::{self, Access};
 use crate::gate::watch::{self as gwatch, FileWatcher};
 use crate::gate::{Facts, GateSet, HttpFact, Verdict};
 use crate::logind::{self, Logind, LogindEvent, ShutdownKind};
@@ -114,6 +115,12 @@ pub enum Error {
 type WatchStream<K> = BoxStream<'static, watcher::Result<watcher::Event<K>>>;
 type DrainFuture = Pin<Box<dyn Future<Output = DrainSummary> + Send>>;
 type ProbeFuture = Pin<Box<dyn Future<Output = Vec<(String, HttpFact)>> + Send>>;
+type AccessFuture = Pin<Box<dyn Future<Output = Result<Access, String>> + Send>>;
+
+/// How long the drain-access check may take, and how soon it is asked again after it failed or
+/// found a permission missing (an operator applying the RBAC is seen within this).
+const ACCESS_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+const ACCESS_RECHECK: Duration = Duration::from_secs(30);
 
 /// How the agent reaches the API server.
 #[derive(Clone)]
@@ -332,9 +339,12 @@ impl Agent {
         if self.client.is_none() {
             self.load_kubeconfig().await;
         }
+        let mut access_check: Option<AccessFuture> = None;
+        let mut access_retry_at: Option<Instant> = None;
         let (mut node_events, mut pod_events) = match &self.client {
             Some(c) => {
                 kc_files = None;
+                access_check = Some(self.check_access(c));
                 let (n, p) = self.watches(c);
                 (Some(n), Some(p))
             }
@@ -384,6 +394,7 @@ impl Agent {
                     self.load_kubeconfig().await;
                     if let Some(c) = self.client.clone() {
                         kc_files = None;
+                        access_check = Some(self.check_access(&c));
                         let (n, p) = self.watches(&c);
                         node_events = Some(n);
                         pod_events = Some(p);
@@ -393,6 +404,7 @@ impl Agent {
                     self.load_kubeconfig().await;
                     if let Some(c) = self.client.clone() {
                         kc_files = None;
+                        access_check = Some(self.check_access(&c));
                         let (n, p) = self.watches(&c);
                         node_events = Some(n);
                         pod_events = Some(p);
@@ -448,6 +460,17 @@ impl Agent {
                 summary = async { match drain.as_mut() { Some(d) => d.await, None => std::future::pending().await } } => {
                     drain = None;
                     self.drain_ended(summary);
+                }
+                answer = async { match access_check.as_mut() { Some(a) => a.await, None => std::future::pending().await } } => {
+                    access_check = None;
+                    access_retry_at = self.access_answered(answer).then(|| Instant::now() + ACCESS_RECHECK);
+                    self.reconcile().await;
+                }
+                _ = sleep_until_opt(access_retry_at), if access_check.is_none() => {
+                    access_retry_at = None;
+                    if let Some(c) = &self.client {
+                        access_check = Some(self.check_access(c));
+                    }
                 }
                 results = async { match probe.as_mut() { Some(p) => p.await, None => std::future::pending().await } } => {
                     probe = None;
@@ -507,6 +530,46 @@ impl Agent {
             own_watch(client, &format!("metadata.name={}", self.node)),
             own_watch(client, &format!("spec.nodeName={}", self.node)),
         )
+    }
+
+    /// Asks the API server whether it allows what the drain does (bounded by
+    /// [`ACCESS_CHECK_TIMEOUT`]).
+    fn check_access(&self, client: &kube::Client) -> AccessFuture {
+        let (client, node) = (client.clone(), self.node.clone());
+        Box::pin(async move {
+            match tokio::time::timeout(ACCESS_CHECK_TIMEOUT, access::check(&client, &node)).await {
+                Ok(Ok(a)) => Ok(a),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {ACCESS_CHECK_TIMEOUT:?}")),
+            }
+        })
+    }
+
+    /// Records the drain-access answer; true when it should be asked again (no answer, or a
+    /// permission missing).
+    fn access_answered(&mut self, answer: Result<Access, String>) -> bool {
+        match answer {
+            Ok(a) => {
+                if self.facts.drain_access.as_ref() != Some(&a) {
+                    match &a {
+                        Access::Granted => info!(node = %self.node, "drain access granted"),
+                        Access::Unverifiable => {
+                            warn!(node = %self.node, "drain access not verifiable: the API server serves no SelfSubjectAccessReview")
+                        }
+                        Access::Denied(what) => {
+                            error!(node = %self.node, denied = %what.join(", "), "the drain would be refused: apply packaging/kubernetes/rbac-agent.yaml; the node stays gated until it is")
+                        }
+                    }
+                }
+                let again = matches!(a, Access::Denied(_));
+                self.facts.drain_access = Some(a);
+                again
+            }
+            Err(e) => {
+                warn!(node = %self.node, error = %e, "cannot check drain access; retrying");
+                true
+            }
+        }
     }
 
     /// Tries to build the client from the kubeconfig; logs only what changed.

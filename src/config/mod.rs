@@ -111,7 +111,15 @@ impl GateSettings {
         let pods = self.pod.iter().cloned().map(Gate::Pod);
         let conds = self.node_condition.iter().cloned().map(Gate::NodeCondition);
         let http = self.http.iter().cloned().map(Gate::Http);
-        files.chain(pods).chain(conds).chain(http).collect()
+        // Not configurable: a node whose drain the API server would refuse cannot leave
+        // gracefully, whatever else is up.
+        let access = std::iter::once(Gate::DrainAccess);
+        files
+            .chain(pods)
+            .chain(conds)
+            .chain(http)
+            .chain(access)
+            .collect()
     }
 }
 

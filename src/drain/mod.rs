@@ -7,6 +7,7 @@
 //! `exec.rs` acts, driven by watches so it reacts in milliseconds and
 //! reports done only when the pods are really gone.
 
+pub mod access;
 pub mod cordon;
 pub mod exec;
 pub mod plan;

@@ -205,6 +205,8 @@ pub enum Gate {
     NodeCondition(ConditionGate),
     /// An HTTP endpoint answers 2xx.
     Http(HttpGate),
+    /// The API server allows what the drain does (always on: see [`crate::drain::access`]).
+    DrainAccess,
 }
 
 impl Gate {
@@ -218,6 +220,7 @@ impl Gate {
                 Expect::IsNot(s) => format!("node condition {}!={s}", c.type_),
             },
             Gate::Http(h) => format!("http {}", h.url),
+            Gate::DrainAccess => "drain access".into(),
         }
     }
 }
@@ -269,6 +272,8 @@ pub struct Facts {
     pub pods: Option<Vec<PodFact>>,
     /// Probe results by URL; absent until first probed.
     pub http: BTreeMap<String, HttpFact>,
+    /// What the API server said of the drain's needs; `None` until it answered.
+    pub drain_access: Option<crate::drain::access::Access>,
 }
 
 /// A gate's state.
@@ -405,6 +410,24 @@ fn decide(facts: &Facts, gate: &Gate) -> (GateState, String) {
             Some(HttpFact::Status(code)) => (Fail, format!("answered {code}")),
             Some(HttpFact::Failed(e)) => (Fail, e.clone()),
         },
+        Gate::DrainAccess => {
+            use crate::drain::access::Access;
+            match &facts.drain_access {
+                None => (Unknown, "not checked yet".into()),
+                Some(Access::Granted) => (Pass, "granted".into()),
+                Some(Access::Unverifiable) => (
+                    Pass,
+                    "not verifiable: the API server serves no SelfSubjectAccessReview".into(),
+                ),
+                Some(Access::Denied(what)) => (
+                    Fail,
+                    format!(
+                        "the drain would be refused: cannot {}; apply packaging/kubernetes/rbac-agent.yaml",
+                        what.join(", ")
+                    ),
+                ),
+            }
+        }
     }
 }
 

@@ -297,3 +297,34 @@ fn config_forms_are_validated() {
         .err();
     assert!(e.is_none(), "an empty value is a valid selector: {e:?}");
 }
+
+#[test]
+fn drain_access_gates_until_the_api_server_allows_every_need() {
+    use crate::drain::access::Access;
+    let set = GateSet {
+        gates: vec![Gate::DrainAccess],
+        boot_deadline: Duration::from_secs(600),
+    };
+    let t = Instant::now();
+    let verdict = |access: Option<Access>| {
+        let facts = Facts {
+            drain_access: access,
+            ..Facts::default()
+        };
+        evaluate(&facts, &set, t, t).gates.remove(0)
+    };
+    assert_eq!(verdict(None).state, GateState::Unknown);
+    assert_eq!(verdict(Some(Access::Granted)).state, GateState::Pass);
+    // An API server without SelfSubjectAccessReview cannot say; not held against the node.
+    assert_eq!(verdict(Some(Access::Unverifiable)).state, GateState::Pass);
+    let denied = verdict(Some(Access::Denied(vec![
+        "list poddisruptionbudgets.policy".into(),
+        "watch poddisruptionbudgets.policy".into(),
+    ])));
+    assert_eq!(denied.state, GateState::Fail);
+    assert_eq!(
+        denied.reason,
+        "the drain would be refused: cannot list poddisruptionbudgets.policy, watch \
+         poddisruptionbudgets.policy; apply packaging/kubernetes/rbac-agent.yaml"
+    );
+}
