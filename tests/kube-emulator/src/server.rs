@@ -211,6 +211,9 @@ enum Route {
     Apis,
     Group(String),
     GroupVersion(String, String),
+    /// `POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews`: the emulator has no
+    /// authorization, so every review says allowed.
+    AccessReview,
     Resource {
         res: ResId,
         ns: Option<String>,
@@ -230,6 +233,12 @@ fn parse_route(path: &str) -> Route {
         ["api", "v1", rest @ ..] => resource_route("", "v1", rest),
         ["apis"] => Route::Apis,
         ["apis", g] => Route::Group((*g).to_string()),
+        [
+            "apis",
+            "authorization.k8s.io",
+            "v1",
+            "selfsubjectaccessreviews",
+        ] => Route::AccessReview,
         ["apis", g, v, rest @ ..] => resource_route(g, v, rest),
         _ => Route::NotFound,
     }
@@ -334,6 +343,7 @@ fn verb_of(method: &Method, route: &Route, watch: bool) -> &'static str {
             (&Method::DELETE, true) => "delete",
             _ => "unknown",
         },
+        Route::AccessReview => "create",
         _ => "get",
     }
 }
@@ -432,7 +442,7 @@ async fn dispatch(
     watch: bool,
 ) -> Result<Response<Body>, ApiError> {
     let method = req.method().clone();
-    if !matches!(route, Route::Resource { .. }) && method != Method::GET {
+    if !matches!(route, Route::Resource { .. } | Route::AccessReview) && method != Method::GET {
         return Err(ApiError::method_not_allowed(method.as_str()));
     }
     match route {
@@ -467,6 +477,18 @@ async fn dispatch(
             .map(|v| json_response(200, &v))
             .ok_or_else(ApiError::path_not_found),
         Route::NotFound => Err(ApiError::path_not_found()),
+        Route::AccessReview => {
+            if method != Method::POST {
+                return Err(ApiError::method_not_allowed(method.as_str()));
+            }
+            let body = read_body(req.into_body()).await?;
+            let mut review: Value = serde_json::from_slice(&body).map_err(|e| {
+                ApiError::bad_request(format!("invalid SelfSubjectAccessReview: {e}"))
+            })?;
+            review["status"] =
+                json!({"allowed": true, "reason": "kube-emulator authorizes every request"});
+            Ok(json_response(201, &review))
+        }
         Route::Resource {
             res, ns, name, sub, ..
         } => resource_request(shared, req, res, ns, name, sub, query, watch).await,
@@ -760,6 +782,10 @@ mod tests {
     #[test]
     fn routes() {
         let s = |x: &str| Some(x.to_string());
+        assert_eq!(
+            parse_route("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"),
+            Route::AccessReview
+        );
         assert_eq!(
             res(&parse_route("/api/v1/pods")),
             Some((PODS, None, None, None))
