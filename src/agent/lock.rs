@@ -38,6 +38,35 @@ impl Agent {
         Some(events)
     }
 
+    /// Lists kubelet's shutdown delay locks into the facts (none without logind); true when they
+    /// changed. A failed listing keeps what was known.
+    pub(super) async fn list_kubelet_locks(&mut self) -> bool {
+        let pids: Vec<u32> = match &self.logind {
+            None => Vec::new(),
+            Some(l) => {
+                match tokio::time::timeout(Duration::from_secs(2), l.list_inhibitors()).await {
+                    Ok(Ok(list)) => logind::kubelet_locks(&list).iter().map(|i| i.pid).collect(),
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "cannot list logind's inhibitors");
+                        return false;
+                    }
+                    Err(_) => {
+                        warn!("logind did not list its inhibitors within 2 s");
+                        return false;
+                    }
+                }
+            }
+        };
+        if self.facts.kubelet_shutdown_locks.as_ref() == Some(&pids) {
+            return false;
+        }
+        if !pids.is_empty() {
+            error!(node = %self.node, kubelet_pids = ?pids, "kubelet's graceful node shutdown is on: it would kill pods without evictions at power-off; the node stays gated until shutdownGracePeriod is 0s");
+        }
+        self.facts.kubelet_shutdown_locks = Some(pids);
+        true
+    }
+
     pub(super) fn schedule_logind_retry(&mut self) {
         self.logind_retry_at = Some(Instant::now() + self.logind_backoff);
         self.logind_backoff = (self.logind_backoff * 2).min(LOGIND_RETRY_MAX);

@@ -122,6 +122,10 @@ type AccessFuture = Pin<Box<dyn Future<Output = Result<Access, String>> + Send>>
 const ACCESS_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 const ACCESS_RECHECK: Duration = Duration::from_secs(30);
 
+/// How often logind's locks are listed for kubelet's (logind signals no change of them; kubelet
+/// takes its lock when it starts, after the agent, and again on every restart).
+const KUBELET_LOCK_RECHECK: Duration = Duration::from_secs(10);
+
 /// How the agent reaches the API server.
 #[derive(Clone)]
 pub enum ApiAccess {
@@ -360,6 +364,9 @@ impl Agent {
         let probing = !self.settings.gates.http.is_empty();
         let mut probe: Option<ProbeFuture> = None;
 
+        let mut kubelet_lock_tick = tokio::time::interval(KUBELET_LOCK_RECHECK);
+        kubelet_lock_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
         let watchdog = sd_notify::watchdog_enabled();
         let mut watchdog_tick = tokio::time::interval(watchdog.map_or(Duration::MAX, |d| d / 2));
 
@@ -489,6 +496,11 @@ impl Agent {
                         }
                         out
                     }));
+                }
+                _ = kubelet_lock_tick.tick() => {
+                    if self.list_kubelet_locks().await {
+                        self.reconcile().await;
+                    }
                 }
                 _ = sleep_until_opt(reconcile_at) => {
                     self.reconcile_retry_at = None;

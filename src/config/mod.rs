@@ -111,9 +111,9 @@ impl GateSettings {
         let pods = self.pod.iter().cloned().map(Gate::Pod);
         let conds = self.node_condition.iter().cloned().map(Gate::NodeCondition);
         let http = self.http.iter().cloned().map(Gate::Http);
-        // Not configurable: a node whose drain the API server would refuse cannot leave
-        // gracefully, whatever else is up.
-        let access = std::iter::once(Gate::DrainAccess);
+        // Not configurable: a node whose drain the API server would refuse, or whose kubelet
+        // kills its pods at shutdown on its own, cannot leave gracefully, whatever else is up.
+        let access = [Gate::DrainAccess, Gate::KubeletShutdownOff];
         files
             .chain(pods)
             .chain(conds)

@@ -207,6 +207,11 @@ pub enum Gate {
     Http(HttpGate),
     /// The API server allows what the drain does (always on: see [`crate::drain::access`]).
     DrainAccess,
+    /// kubelet's graceful node shutdown is off (always on). At `PrepareForShutdown` it kills
+    /// pods by priority group without the Eviction API, budgets ignored, racing nodeward's drain,
+    /// and it cannot be told to wait for another lock holder: a node where it is on cannot leave
+    /// gracefully. Seen as kubelet's shutdown delay lock in logind.
+    KubeletShutdownOff,
 }
 
 impl Gate {
@@ -221,6 +226,7 @@ impl Gate {
             },
             Gate::Http(h) => format!("http {}", h.url),
             Gate::DrainAccess => "drain access".into(),
+            Gate::KubeletShutdownOff => "kubelet graceful shutdown off".into(),
         }
     }
 }
@@ -274,6 +280,9 @@ pub struct Facts {
     pub http: BTreeMap<String, HttpFact>,
     /// What the API server said of the drain's needs; `None` until it answered.
     pub drain_access: Option<crate::drain::access::Access>,
+    /// The pids of kubelet's shutdown delay locks in logind; `None` until listed (empty without
+    /// logind: the agent's own lock is then missing too, which it reports on its own).
+    pub kubelet_shutdown_locks: Option<Vec<u32>>,
 }
 
 /// A gate's state.
@@ -428,6 +437,20 @@ fn decide(facts: &Facts, gate: &Gate) -> (GateState, String) {
                 ),
             }
         }
+        Gate::KubeletShutdownOff => match facts.kubelet_shutdown_locks.as_deref() {
+            None => (Unknown, "logind's locks not listed yet".into()),
+            Some([]) => (Pass, "kubelet holds no shutdown delay lock".into()),
+            Some(pids) => (
+                Fail,
+                format!(
+                    "kubelet (pid {}) holds a shutdown delay lock: its graceful node shutdown kills pods without evictions at power-off; set shutdownGracePeriod: 0s and shutdownGracePeriodCriticalPods: 0s in its config",
+                    pids.iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+        },
     }
 }
 

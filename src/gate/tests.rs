@@ -328,3 +328,30 @@ fn drain_access_gates_until_the_api_server_allows_every_need() {
          poddisruptionbudgets.policy; apply packaging/kubernetes/rbac-agent.yaml"
     );
 }
+
+#[test]
+fn a_kubelet_shutdown_lock_gates_the_node() {
+    let set = GateSet {
+        gates: vec![Gate::KubeletShutdownOff],
+        boot_deadline: Duration::from_secs(600),
+    };
+    let t = Instant::now();
+    let verdict = |locks: Option<Vec<u32>>| {
+        let facts = Facts {
+            kubelet_shutdown_locks: locks,
+            ..Facts::default()
+        };
+        evaluate(&facts, &set, t, t).gates.remove(0)
+    };
+    assert_eq!(verdict(None).state, GateState::Unknown);
+    assert_eq!(verdict(Some(vec![])).state, GateState::Pass);
+    let on = verdict(Some(vec![812]));
+    assert_eq!(on.state, GateState::Fail);
+    assert!(
+        on.reason
+            .starts_with("kubelet (pid 812) holds a shutdown delay lock")
+            && on.reason.contains("shutdownGracePeriod: 0s"),
+        "{}",
+        on.reason
+    );
+}
