@@ -419,38 +419,46 @@ fn decide(facts: &Facts, gate: &Gate) -> (GateState, String) {
             Some(HttpFact::Status(code)) => (Fail, format!("answered {code}")),
             Some(HttpFact::Failed(e)) => (Fail, e.clone()),
         },
-        Gate::DrainAccess => {
-            use crate::drain::access::Access;
-            match &facts.drain_access {
-                None => (Unknown, "not checked yet".into()),
-                Some(Access::Granted) => (Pass, "granted".into()),
-                Some(Access::Unverifiable) => (
-                    Pass,
-                    "not verifiable: the API server serves no SelfSubjectAccessReview".into(),
-                ),
-                Some(Access::Denied(what)) => (
-                    Fail,
-                    format!(
-                        "the drain would be refused: cannot {}; apply packaging/kubernetes/rbac-agent.yaml",
-                        what.join(", ")
-                    ),
-                ),
-            }
-        }
-        Gate::KubeletShutdownOff => match facts.kubelet_shutdown_locks.as_deref() {
-            None => (Unknown, "logind's locks not listed yet".into()),
-            Some([]) => (Pass, "kubelet holds no shutdown delay lock".into()),
-            Some(pids) => (
-                Fail,
-                format!(
-                    "kubelet (pid {}) holds a shutdown delay lock: its graceful node shutdown kills pods without evictions at power-off; set shutdownGracePeriod: 0s and shutdownGracePeriodCriticalPods: 0s in its config",
-                    pids.iter()
-                        .map(u32::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
+        Gate::DrainAccess => decide_drain_access(facts.drain_access.as_ref()),
+        Gate::KubeletShutdownOff => decide_kubelet_lock(facts.kubelet_shutdown_locks.as_deref()),
+    }
+}
+
+fn decide_drain_access(access: Option<&crate::drain::access::Access>) -> (GateState, String) {
+    use crate::drain::access::Access;
+    use GateState::{Fail, Pass, Unknown};
+    match access {
+        None => (Unknown, "not checked yet".into()),
+        Some(Access::Granted) => (Pass, "granted".into()),
+        Some(Access::Unverifiable) => (
+            Pass,
+            "not verifiable: the API server serves no SelfSubjectAccessReview".into(),
+        ),
+        Some(Access::Denied(what)) => (
+            Fail,
+            format!(
+                "the drain would be refused: cannot {}; apply packaging/kubernetes/rbac-agent.yaml",
+                what.join(", ")
             ),
-        },
+        ),
+    }
+}
+
+fn decide_kubelet_lock(pids: Option<&[u32]>) -> (GateState, String) {
+    use GateState::{Fail, Pass, Unknown};
+    match pids {
+        None => (Unknown, "logind's locks not listed yet".into()),
+        Some([]) => (Pass, "kubelet holds no shutdown delay lock".into()),
+        Some(pids) => (
+            Fail,
+            format!(
+                "kubelet (pid {}) holds a shutdown delay lock: its graceful node shutdown kills pods without evictions at power-off; set shutdownGracePeriod: 0s and shutdownGracePeriodCriticalPods: 0s in its config",
+                pids.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
     }
 }
 
