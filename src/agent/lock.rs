@@ -92,6 +92,11 @@ impl Agent {
                 self.logind_backoff = LOGIND_RETRY_MIN;
                 info!(who = logind::WHO, event = ?ev, "shutdown delay lock held");
                 self.check_logind(&l).await;
+                // kubelet's locks as of now too (the timer follows later ones); the gates are
+                // re-decided on the loop's next turn.
+                if self.list_kubelet_locks().await {
+                    self.reconcile_retry_at = Some(Instant::now());
+                }
             }
             Err(e) if e.is_logind_absent() => {
                 warn!(error = %e, "logind is not on the bus; waiting for it to appear");
@@ -109,7 +114,8 @@ impl Agent {
         }
     }
 
-    /// Reads logind's cap (raising it once if too short) and warns about kubelet's locks.
+    /// Reads logind's cap (raising it once if too short). kubelet's locks are
+    /// [`Self::list_kubelet_locks`]'s.
     pub(super) async fn check_logind(&mut self, l: &Logind) {
         let s = &self.settings;
         let (timeout, margin) = (s.drain.timeout, s.shutdown.safety_margin);
@@ -133,19 +139,6 @@ impl Agent {
             );
             error!(cap = ?cap, "{w}");
             warnings.push(w);
-        }
-        match l.list_inhibitors().await {
-            Ok(list) => {
-                for k in logind::kubelet_locks(&list) {
-                    let w = format!(
-                        "kubelet holds a shutdown delay lock (who {:?}, pid {}): its graceful node shutdown kills pods without the Eviction API and races with nodeward's drain; set shutdownGracePeriod: 0s in the kubelet config",
-                        k.who, k.pid
-                    );
-                    warn!(pid = k.pid, "{w}");
-                    warnings.push(w);
-                }
-            }
-            Err(e) => warn!(error = %e, "cannot list logind's inhibitors"),
         }
         self.warnings = warnings;
     }

@@ -918,7 +918,7 @@ impl Agent {
             startup_taint: n.is_some_and(readiness::has_startup_taint),
             cordoned_by: n.and_then(node::cordon_owner),
             last_drain: self.last_drain.clone(),
-            warnings: self.warnings.clone(),
+            warnings: self.warnings_now(),
         };
         if self.last_written.as_ref() != Some(&status) {
             if let Err(e) = status::write(&self.settings.agent.status_file, &status) {
@@ -926,6 +926,18 @@ impl Agent {
             }
             self.last_written = Some(status);
         }
+    }
+}
+
+impl Agent {
+    /// What an operator should fix: logind's cap as last read, and kubelet's locks as last listed.
+    fn warnings_now(&self) -> Vec<String> {
+        let kubelet = self.facts.kubelet_shutdown_locks.iter().flatten().map(|pid| {
+            format!(
+                "kubelet holds a shutdown delay lock (pid {pid}): its graceful node shutdown kills pods without the Eviction API and races with nodeward's drain; set shutdownGracePeriod: 0s in the kubelet config"
+            )
+        });
+        self.warnings.iter().cloned().chain(kubelet).collect()
     }
 }
 

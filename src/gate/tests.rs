@@ -298,20 +298,27 @@ fn config_forms_are_validated() {
     assert!(e.is_none(), "an empty value is a valid selector: {e:?}");
 }
 
-#[test]
-fn drain_access_gates_until_the_api_server_allows_every_need() {
-    use crate::drain::access::Access;
+/// `gate`'s status alone, decided from `facts` at once.
+fn only(gate: Gate, facts: &Facts) -> GateStatus {
     let set = GateSet {
-        gates: vec![Gate::DrainAccess],
+        gates: vec![gate],
         boot_deadline: Duration::from_secs(600),
     };
     let t = Instant::now();
+    evaluate(facts, &set, t, t).gates.remove(0)
+}
+
+#[test]
+fn drain_access_gates_until_the_api_server_allows_every_need() {
+    use crate::drain::access::Access;
     let verdict = |access: Option<Access>| {
-        let facts = Facts {
-            drain_access: access,
-            ..Facts::default()
-        };
-        evaluate(&facts, &set, t, t).gates.remove(0)
+        only(
+            Gate::DrainAccess,
+            &Facts {
+                drain_access: access,
+                ..Facts::default()
+            },
+        )
     };
     assert_eq!(verdict(None).state, GateState::Unknown);
     assert_eq!(verdict(Some(Access::Granted)).state, GateState::Pass);
@@ -331,17 +338,14 @@ fn drain_access_gates_until_the_api_server_allows_every_need() {
 
 #[test]
 fn a_kubelet_shutdown_lock_gates_the_node() {
-    let set = GateSet {
-        gates: vec![Gate::KubeletShutdownOff],
-        boot_deadline: Duration::from_secs(600),
-    };
-    let t = Instant::now();
     let verdict = |locks: Option<Vec<u32>>| {
-        let facts = Facts {
-            kubelet_shutdown_locks: locks,
-            ..Facts::default()
-        };
-        evaluate(&facts, &set, t, t).gates.remove(0)
+        only(
+            Gate::KubeletShutdownOff,
+            &Facts {
+                kubelet_shutdown_locks: locks,
+                ..Facts::default()
+            },
+        )
     };
     assert_eq!(verdict(None).state, GateState::Unknown);
     assert_eq!(verdict(Some(vec![])).state, GateState::Pass);
