@@ -207,8 +207,9 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         .timeout
         .as_deref()
         .map(|t| {
-            crate::validate::duration(t)
-                .map_err(|form| anyhow::anyhow!("--timeout {t:?}: expected {form}"))
+            crate::config::Deadline::parse(t)
+                .map(|d| d.0)
+                .map_err(|e| anyhow::anyhow!("--timeout: {e}"))
         })
         .transpose()?;
     let mut opts = crate::drain::DrainOptions::from_settings(&settings.drain, "nodeward drain");

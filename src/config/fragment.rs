@@ -11,7 +11,7 @@ use super::scaler::{
     ListenAddr, Percent, ProviderKind, ScalerSettings, Share, Taints, TokenTtl, default_template,
 };
 use super::types::{
-    ConfigDuration, NodeName, OnDeadline, Positive, ShutdownPolicy, TaintOwner, Waves,
+    Deadline, NodeName, OnDeadline, Period, Positive, ShutdownPolicy, TaintOwner, Wait, Waves,
 };
 use crate::gate::{ConditionGate, FileGate, HttpGate, PodGate};
 
@@ -56,7 +56,7 @@ fragment!(
         /// Status file.
         status_file: PathBuf,
         /// Boot deadline.
-        boot_deadline: ConfigDuration,
+        boot_deadline: Deadline,
         /// Re-taint when a gate fails after passing.
         retaint_on_gate_failure: bool,
         /// Who removes the startup taint.
@@ -76,9 +76,9 @@ fragment!(
         /// HTTP gates.
         http: Vec<HttpGate>,
         /// HTTP probe interval.
-        http_interval: ConfigDuration,
+        http_interval: Period,
         /// HTTP probe timeout.
-        http_timeout: ConfigDuration,
+        http_timeout: Period,
     }
 );
 
@@ -92,9 +92,9 @@ fragment!(
         /// Policy when logind does not say which.
         on_unknown: ShutdownPolicy,
         /// Margin below logind's cap.
-        safety_margin: ConfigDuration,
+        safety_margin: Wait,
         /// Cap to configure.
-        inhibit_delay_max: ConfigDuration,
+        inhibit_delay_max: Deadline,
         /// Drop-in path.
         logind_dropin: PathBuf,
     }
@@ -114,7 +114,7 @@ fragment!(
     /// `[drain]`
     DrainFragment {
         /// Deadline.
-        timeout: ConfigDuration,
+        timeout: Deadline,
         /// Deadline policy.
         on_deadline: OnDeadline,
         /// Evict unmanaged pods.
@@ -142,7 +142,7 @@ fragment!(
         /// Provider.
         provider: ProviderKind,
         /// Pass interval.
-        scan_interval: ConfigDuration,
+        scan_interval: Period,
         /// Expander.
         expander: Expander,
         /// Scale-down on/off.
@@ -150,9 +150,9 @@ fragment!(
         /// Utilisation threshold.
         scale_down_utilization_threshold: Share,
         /// Unneeded time.
-        scale_down_unneeded_time: ConfigDuration,
+        scale_down_unneeded_time: Wait,
         /// No scale-down this long after the last scale-up.
-        scale_down_delay_after_add: ConfigDuration,
+        scale_down_delay_after_add: Wait,
         /// Machines created per pass at most.
         max_boots_per_pass: Positive,
         /// Labels of control-plane hosts.
@@ -162,9 +162,9 @@ fragment!(
         /// Empty nodes per pass.
         max_empty_bulk_delete: Positive,
         /// Provision timeout.
-        max_provision_time: ConfigDuration,
+        max_provision_time: Deadline,
         /// NotReady timeout.
-        unready_delete_time: ConfigDuration,
+        unready_delete_time: Deadline,
         /// Guard: NotReady share.
         max_unready_percent: Percent,
         /// Guard: NotReady count always tolerated.
@@ -172,9 +172,9 @@ fragment!(
         /// NotReady repairs per pass.
         max_unready_repairs_per_pass: Positive,
         /// First back-off.
-        backoff_initial: ConfigDuration,
+        backoff_initial: Period,
         /// Longest back-off.
-        backoff_max: ConfigDuration,
+        backoff_max: Deadline,
         /// Values file.
         values: PathBuf,
         /// Token lifetime.
@@ -296,7 +296,7 @@ fragment!(
         /// Token file.
         token_file: PathBuf,
         /// Request timeout.
-        request_timeout: ConfigDuration,
+        request_timeout: Period,
     }
 );
 
@@ -310,7 +310,7 @@ fragment!(
         /// List command.
         list: Argv,
         /// Timeout.
-        timeout: ConfigDuration,
+        timeout: Period,
     }
 );
 

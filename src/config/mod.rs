@@ -19,6 +19,7 @@ pub use scaler::{
     Capacity, CherryGroupSettings, CherrySettings, ExecSettings, Expander, GroupSettings,
     ProviderKind, ScalerSettings,
 };
+pub(crate) use types::Deadline;
 pub use types::{OnDeadline, ShutdownPolicy, TaintOwner, Wave};
 
 /// Where the agent looks when neither `--config` nor `NODEWARD_CONFIG` is given.

@@ -119,6 +119,30 @@ fn errors_name_file_line_key_and_form() {
             &["drain.waves", "more than 1"],
         ),
         ("[drain\n", "x.toml:1:", &[]),
+        (
+            "[gates]\nhttp_interval = \"0s\"\n",
+            "x.toml:2:",
+            &[
+                "gates.http_interval",
+                "\"0s\" is out of range",
+                "from 100ms to 1h",
+            ],
+        ),
+        (
+            "[drain]\ntimeout = \"500000000years\"\n",
+            "x.toml:2:",
+            &["drain.timeout", "out of range", "from 1s to 7days"],
+        ),
+        (
+            "[agent]\nboot_deadline = \"0s\"\n",
+            "x.toml:2:",
+            &["agent.boot_deadline", "from 1s to 7days"],
+        ),
+        (
+            "[shutdown]\nsafety_margin = \"8days\"\n",
+            "x.toml:2:",
+            &["shutdown.safety_margin", "from 0s to 7days"],
+        ),
     ];
     for (text, location, needles) in cases {
         let msg = err(&[src("ok.toml", ""), src("x.toml", text)]);
@@ -241,6 +265,18 @@ fn scaler_errors_name_the_key_and_form() {
         (
             "[scaler]\nlease_duration = \"1500ms\"\n",
             &["scaler.lease_duration", "whole number of seconds"],
+        ),
+        (
+            "[scaler]\nscan_interval = \"0s\"\n",
+            &["a.toml:2", "scaler.scan_interval", "from 100ms to 1h"],
+        ),
+        (
+            "[scaler.exec]\ntimeout = \"0ms\"\n",
+            &["scaler.exec.timeout", "from 100ms to 1h"],
+        ),
+        (
+            "[scaler]\nunready_delete_time = \"30000years\"\n",
+            &["scaler.unready_delete_time", "from 1s to 7days"],
         ),
         (
             "[scaler]\nmax_unready_percent = 120\n",

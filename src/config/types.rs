@@ -8,7 +8,7 @@ use serde::de::{self, Deserializer};
 
 use crate::validate;
 
-/// A duration written as a string (`"90s"`).
+/// A duration written as a string (`"90s"`), not yet checked against its key's bounds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct ConfigDuration(pub(crate) Duration);
 
@@ -18,6 +18,47 @@ impl<'de> Deserialize<'de> for ConfigDuration {
         validate::duration(&s)
             .map(ConfigDuration)
             .map_err(|form| de::Error::custom(format!("invalid duration {s:?}: expected {form}")))
+    }
+}
+
+/// A week, the longest any wait or deadline in the config may be: longer is a typo, and
+/// `Instant + duration` near `Duration::MAX` panics.
+const WEEK_S: u64 = 7 * 24 * 3600;
+
+/// A duration within `MIN_MS` milliseconds and `MAX_S` seconds, both inclusive: every duration
+/// key has one of the aliases below, so none can be zero where zero panics a timer, or so large
+/// that adding it to an instant overflows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct BoundedDuration<const MIN_MS: u64, const MAX_S: u64>(pub(crate) Duration);
+
+/// A probe or pass interval, or one request's timeout: from 100ms to 1h.
+pub(crate) type Period = BoundedDuration<100, 3600>;
+/// A margin or delay where zero means none: from 0s to 7 days.
+pub(crate) type Wait = BoundedDuration<0, WEEK_S>;
+/// A deadline: from 1s to 7 days.
+pub(crate) type Deadline = BoundedDuration<1000, WEEK_S>;
+
+impl<const MIN_MS: u64, const MAX_S: u64> BoundedDuration<MIN_MS, MAX_S> {
+    /// Parses and range-checks `s`; the error says the expected form or the bounds.
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
+        let t = validate::duration(s)
+            .map_err(|form| format!("invalid duration {s:?}: expected {form}"))?;
+        let (min, max) = (Duration::from_millis(MIN_MS), Duration::from_secs(MAX_S));
+        if (min..=max).contains(&t) {
+            Ok(Self(t))
+        } else {
+            Err(format!(
+                "duration {s:?} is out of range: expected from {} to {}",
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ))
+        }
+    }
+}
+
+impl<'de, const MIN_MS: u64, const MAX_S: u64> Deserialize<'de> for BoundedDuration<MIN_MS, MAX_S> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Self::parse(&String::deserialize(d)?).map_err(de::Error::custom)
     }
 }
 
