@@ -94,6 +94,27 @@ struct Context<'a> {
     extra: &'a toml::Table,
 }
 
+/// The `shell_quote` filter: a value as one POSIX shell word (`'it'\''s'`), for free-form
+/// `extra` values in a script. A NUL cannot be in a shell word and is refused.
+fn shell_quote(
+    value: &tera::Value,
+    _: &std::collections::HashMap<String, tera::Value>,
+) -> tera::Result<tera::Value> {
+    let s = match value {
+        tera::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if s.contains('\0') {
+        return Err(tera::Error::msg(
+            "shell_quote: a NUL byte cannot be part of a shell word",
+        ));
+    }
+    Ok(tera::Value::String(format!(
+        "'{}'",
+        s.replace('\'', "'\\''")
+    )))
+}
+
 /// Renders `template` (named `name` in errors) with `values`.
 pub fn render(name: &str, template: &str, values: &Values) -> Result<String> {
     let token = values.bootstrap_token.expose();
@@ -103,6 +124,7 @@ pub fn render(name: &str, template: &str, values: &Values) -> Result<String> {
     };
     let mut tera = tera::Tera::default();
     tera.autoescape_on(vec![]);
+    tera.register_filter("shell_quote", shell_quote);
     if let Err(e) = tera.add_raw_template(name, template) {
         return Err(syntax_error(name, &e, &scrub));
     }

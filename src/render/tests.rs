@@ -129,3 +129,4 @@ fn check_classifies_and_refuses() {
         .to_string();
     assert!(msg.contains("mapping"), "{msg}");
 }
+mod hostile;
