@@ -160,6 +160,31 @@ pub fn duration(s: &str) -> Result<std::time::Duration, &'static str> {
     humantime::parse_duration(s.trim()).map_err(|_| DURATION_FORM)
 }
 
+/// Expected form of a provider API's base URL.
+pub const API_URL_FORM: &str = "an https URL such as \"https://api.cherryservers.com/v1/\" (plain http only to this machine's loopback, for a local emulator: the API token must not cross a network in the clear)";
+
+/// Checks a provider API's base URL: https, or http to a loopback address.
+pub fn api_url(s: &str) -> Result<(), &'static str> {
+    let url = reqwest::Url::parse(s).map_err(|_| API_URL_FORM)?;
+    let host = url.host_str().unwrap_or("");
+    let loopback = host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    let ok = match url.scheme() {
+        "https" => !host.is_empty(),
+        "http" => loopback,
+        _ => false,
+    };
+    if ok && !s.contains(char::is_whitespace) {
+        Ok(())
+    } else {
+        Err(API_URL_FORM)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

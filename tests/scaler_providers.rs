@@ -363,3 +363,127 @@ async fn exec_provider_times_out() {
     assert!(e.to_string().contains("did not finish"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(3));
 }
+
+/// One server with a malformed `created_at` (someone else's, or an API glitch) does not fail
+/// the whole listing, which would stop every scale decision: it is listed, as just seen.
+#[tokio::test]
+async fn cherry_list_survives_one_bad_created_at() {
+    let emu = emulator().await;
+    let tags = |h: &str| serde_json::json!({CLUSTER_TAG: "prod", POOL_TAG: "web", "h": h});
+    emu.insert_server("k8s-prod-web-good", tags("good"));
+    let bad = emu.insert_server("k8s-prod-web-bad", tags("bad"));
+    emu.set_server_field(bad, "created_at", serde_json::json!("last tuesday"));
+    let before = jiff::Timestamp::now();
+    let c =
+        Cherry::new(&cherry_settings(emu.url()), "prod", Some(API_TOKEN.into())).expect("client");
+    let listed = c.list().await.expect("one bad created_at fails nothing");
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let bad = listed
+        .iter()
+        .find(|m| m.hostname == "k8s-prod-web-bad")
+        .expect("the bad one is still counted (not created twice)");
+    assert!(
+        bad.created >= before,
+        "an unreadable creation time counts as now, so the machine is never judged too old on a guess"
+    );
+}
+
+/// A body larger than any honest answer is cut off with an error instead of read into memory
+/// until the process dies.
+#[tokio::test]
+async fn cherry_refuses_an_endless_body() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/", listener.local_addr().expect("addr"));
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = sent.clone();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut head = [0u8; 4096];
+        let _ = s.read(&mut head).await;
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n[")
+            .await;
+        let chunk = "{\"id\":1,\"hostname\":\"x\"},".repeat(4096);
+        while s.write_all(chunk.as_bytes()).await.is_ok() {
+            counter.fetch_add(chunk.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let mut settings = cherry_settings(url);
+    settings.request_timeout = Duration::from_secs(60);
+    let c = Cherry::new(&settings, "prod", Some(API_TOKEN.into())).expect("client");
+    let e = tokio::time::timeout(Duration::from_secs(30), c.list())
+        .await
+        .expect("the listing gives up instead of reading for ever")
+        .expect_err("too large");
+    assert!(e.to_string().contains("larger than"), "{e}");
+    let read = sent.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        read < 64 << 20,
+        "{read} bytes were sent before the client stopped"
+    );
+}
+
+/// The API token goes only over TLS: a plain-http URL is refused unless it is this machine's
+/// loopback (where the tests' emulator listens).
+#[test]
+fn cherry_refuses_plain_http_off_loopback() {
+    for url in ["http://api.cherryservers.com/v1/", "http://10.0.0.1/"] {
+        let e = Cherry::new(&cherry_settings(url.into()), "prod", Some(API_TOKEN.into()))
+            .expect_err("plain http");
+        assert!(e.to_string().contains("https"), "{url}: {e}");
+    }
+    for url in [
+        "http://127.0.0.1:8080/",
+        "http://[::1]:80/",
+        "http://localhost:1/",
+    ] {
+        Cherry::new(&cherry_settings(url.into()), "prod", Some(API_TOKEN.into()))
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+}
+
+/// A create or list command that leaves a child behind (a cloud CLI's helper, `sh -c 'x &'`) has
+/// the child killed with it at the timeout: the whole process group goes, not only its leader.
+#[tokio::test]
+async fn exec_provider_timeout_kills_the_whole_process_group() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("child.pid");
+    let settings = ExecSettings {
+        create: vec!["true".into()],
+        delete: vec!["true".into()],
+        list: vec![
+            "sh".into(),
+            "-c".into(),
+            format!("sleep 300 & echo $! > {}; wait", pidfile.display()),
+        ],
+        timeout: Duration::from_millis(500),
+    };
+    let p = Exec::new(&settings, "prod").expect("exec provider");
+    let e = p.list().await.expect_err("timeout");
+    assert!(e.to_string().contains("did not finish"), "{e}");
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .expect("the command started its child")
+        .trim()
+        .parse()
+        .expect("pid");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    while alive(pid) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !alive(pid),
+        "the command's child {pid} outlived the timeout"
+    );
+}

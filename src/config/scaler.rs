@@ -466,7 +466,7 @@ impl<'de> Deserialize<'de> for ListenAddr {
         }
         s.parse().map(|a| ListenAddr(Some(a))).map_err(|_| {
             de::Error::custom(format!(
-                "invalid address {s:?}: expected ip:port such as \"0.0.0.0:8085\", or \"\" for off"
+                "invalid address {s:?}: expected ip:port such as \"127.0.0.1:8085\", or \"\" for off"
             ))
         })
     }
@@ -498,20 +498,15 @@ impl<'de> Deserialize<'de> for Label {
     }
 }
 
-/// Checks a URL looks like an http(s) base URL; adds the trailing slash joins rely on.
+/// A provider API's base URL ([`crate::validate::api_url`]), with the trailing slash joins rely on.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct BaseUrl(pub(crate) String);
 
 impl<'de> Deserialize<'de> for BaseUrl {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        if !(s.starts_with("https://") || s.starts_with("http://"))
-            || s.contains(char::is_whitespace)
-        {
-            return Err(de::Error::custom(format!(
-                "invalid URL {s:?}: expected an http(s) URL such as \"https://api.cherryservers.com/v1/\""
-            )));
-        }
+        crate::validate::api_url(&s)
+            .map_err(|form| de::Error::custom(format!("invalid URL {s:?}: expected {form}")))?;
         Ok(BaseUrl(if s.ends_with('/') { s } else { format!("{s}/") }))
     }
 }
@@ -563,7 +558,7 @@ impl Default for ScalerSettings {
             token_ttl: MAX_TOKEN_TTL,
             token_extra_groups: vec!["system:bootstrappers:kubeadm:default-node-token".into()],
             // cluster-autoscaler's metrics port.
-            metrics_address: Some(SocketAddr::from(([0, 0, 0, 0], 8085))),
+            metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], 8085))),
             namespace: "kube-system".into(),
             lease_name: "nodeward-scaler".into(),
             // client-go leader election's default lease duration.

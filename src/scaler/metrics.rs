@@ -154,6 +154,29 @@ fn respond(metrics: &Metrics, path: &str) -> Response<String> {
     resp
 }
 
+/// The wait after a failed `accept`: 10 ms, doubling to 1 s, back to 10 ms after a success.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    failures: u32,
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(10);
+    const MAX: Duration = Duration::from_secs(1);
+
+    fn next(&mut self) -> Duration {
+        let wait = Self::FIRST
+            .saturating_mul(1 << self.failures.min(16))
+            .min(Self::MAX);
+        self.failures = self.failures.saturating_add(1);
+        wait
+    }
+
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
 /// Serves `/metrics` on `addr` until the task is dropped; returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
@@ -163,11 +186,18 @@ pub async fn serve(
     let bound = listener.local_addr()?;
     info!(address = %bound, "serving metrics");
     let task = tokio::spawn(async move {
+        let mut backoff = AcceptBackoff::default();
         loop {
             let (stream, peer) = match listener.accept().await {
-                Ok(pair) => pair,
+                Ok(pair) => {
+                    backoff.reset();
+                    pair
+                }
                 Err(e) => {
-                    debug!(error = %e, "cannot accept a metrics connection");
+                    // Out of file descriptors, say: retrying at once would spin a core.
+                    let wait = backoff.next();
+                    warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "cannot accept a metrics connection");
+                    tokio::time::sleep(wait).await;
                     continue;
                 }
             };
@@ -197,6 +227,23 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn accept_errors_back_off_and_recover() {
+        let mut b = super::AcceptBackoff::default();
+        let waits: Vec<u64> = (0..10).map(|_| b.next().as_millis() as u64).collect();
+        assert_eq!(waits, [10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
+        for _ in 0..100 {
+            b.next();
+        }
+        assert_eq!(
+            b.next(),
+            super::AcceptBackoff::MAX,
+            "no overflow after many"
+        );
+        b.reset();
+        assert_eq!(b.next(), super::AcceptBackoff::FIRST);
+    }
 
     use super::*;
 

@@ -120,6 +120,12 @@ impl Cherry {
             provider: NAME,
             message,
         };
+        crate::validate::api_url(&s.api_url).map_err(|form| {
+            config(format!(
+                "scaler.cherry.api_url {:?} is refused: expected {form}",
+                s.api_url
+            ))
+        })?;
         let project = s.project_id.ok_or_else(|| {
             config("scaler.cherry.project_id is not set: give the Cherry Servers project id".into())
         })?;
@@ -204,7 +210,7 @@ impl Cherry {
             .get(TOTAL_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok());
-        let text = resp.text().await.map_err(transport)?;
+        let text = read_body(resp, action).await?;
         debug!(%method, path, status = status.as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "cherry request");
         if !status.is_success() {
             return Err(Error::Status {
@@ -226,15 +232,16 @@ impl Cherry {
             return Ok(None);
         };
         let id = server_id(&s.id);
-        let created = s
-            .created_at
-            .as_deref()
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| Error::Decode {
-                provider: NAME,
-                action,
-                message: format!("server {id} has no valid created_at ({:?})", s.created_at),
-            })?;
+        // One unreadable creation time must not fail the whole listing (no scale decision at
+        // all), nor drop the machine from it (a duplicate create). It counts as now: a machine
+        // that never registers is then never deleted on a guessed age, only reported.
+        let created = match s.created_at.as_deref().and_then(|c| c.parse().ok()) {
+            Some(t) => t,
+            None => {
+                tracing::warn!(server = %id, action, created_at = ?s.created_at, "the server has no valid created_at: counting it as created now");
+                jiff::Timestamp::now()
+            }
+        };
         Ok(Some(MachineView {
             id,
             hostname: s.hostname,
@@ -242,6 +249,31 @@ impl Cherry {
             created,
         }))
     }
+}
+
+/// The most an answer may hold: a full page of servers is a few hundred kilobytes.
+const MAX_BODY: usize = 8 << 20;
+
+/// Reads an answer's body as text, refusing one larger than [`MAX_BODY`] as soon as it is.
+async fn read_body(mut resp: reqwest::Response, action: &'static str) -> Result<String> {
+    let mut body = Vec::new();
+    loop {
+        let chunk = resp.chunk().await.map_err(|e| Error::Transport {
+            provider: NAME,
+            action,
+            message: crate::render::error_chain(&e),
+        })?;
+        let Some(chunk) = chunk else { break };
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(Error::Decode {
+                provider: NAME,
+                action,
+                message: format!("the answer is larger than {} MiB", MAX_BODY >> 20),
+            });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// A server id as a string (the API gives numbers; strings are kept as they are).

@@ -84,8 +84,12 @@ impl Exec {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
+            // Its own process group, so that a timeout kills what it started too (a cloud CLI's
+            // helper still creating a machine nobody waits for).
+            .process_group(0)
             .spawn()
             .map_err(|e| fail(format!("cannot be started: {e}")))?;
+        let group = child.id().and_then(|p| i32::try_from(p).ok());
         let mut stdin = child
             .stdin
             .take()
@@ -99,8 +103,15 @@ impl Exec {
         })
         .await
         .map_err(|_| {
+            if let Some(pgid) = group {
+                // The leader was dropped and killed with the future; this takes the rest.
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pgid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
             fail(format!(
-                "did not finish within {} and was killed",
+                "did not finish within {} and was killed with its process group",
                 humantime::format_duration(self.settings.timeout)
             ))
         })?

@@ -228,6 +228,13 @@ impl CherryEmulator {
         id
     }
 
+    /// Overwrites one field of a server as the API reports it (a malformed `created_at`).
+    pub fn set_server_field(&self, id: u64, key: &str, value: Value) {
+        if let Some(s) = self.shared.state().servers.get_mut(&id) {
+            s[key] = value;
+        }
+    }
+
     /// Adds a fault rule.
     pub fn add_fault(&self, fault: Fault) {
         self.shared.state().faults.push(fault);
