@@ -716,6 +716,64 @@ async fn a_replica_whose_lease_was_taken_deletes_no_machine() {
     task.abort();
 }
 
+/// Creates are fenced like deletes: a replica that still believes it leads (its next renewal is
+/// far off) after another identity wrote the Lease mints no bootstrap token and creates no
+/// machine, however many pods wait. Before the fence, it created one: two leaders, two machines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_lease_was_taken_creates_no_machine() {
+    let env = env(|s| {
+        s.scaler.lease_duration = Duration::from_secs(60);
+    })
+    .await;
+    let scaler = env.scaler("replica-a", false).await;
+    let metrics = scaler.metrics();
+    let task = tokio::spawn(async move {
+        scaler
+            .run(std::future::pending())
+            .await
+            .expect("scaler runs");
+    });
+    wait_for("replica-a to lead", Duration::from_secs(20), || {
+        env.kube
+            .get("leases", Some("kube-system"), "nodeward-scaler")
+            .and_then(|l| l.pointer("/spec/holderIdentity").cloned())
+            == Some(json!("replica-a"))
+    })
+    .await;
+    env.kube
+        .modify("leases", Some("kube-system"), "nodeward-scaler", |l| {
+            l["spec"]["holderIdentity"] = json!("replica-b");
+            l["spec"]["leaseTransitions"] = json!(1);
+        })
+        .expect("lease taken");
+    env.pod("load-0", "1500m");
+    let fenced = || {
+        metrics
+            .failures
+            .get_or_create(&nodeward::scaler::metrics::failure("web", "fenced"))
+            .get()
+    };
+    wait_for(
+        "the scale-up to reach its create",
+        Duration::from_secs(20),
+        || fenced() > 0 || !env.servers().is_empty(),
+    )
+    .await;
+    assert!(
+        env.servers().is_empty(),
+        "a replica that lost the Lease created {:?}",
+        env.servers()
+    );
+    let tokens: Vec<_> = env
+        .kube
+        .list("secrets", Some("kube-system"))
+        .into_iter()
+        .filter(|s| s["type"] == json!("bootstrap.kubernetes.io/token"))
+        .collect();
+    assert!(tokens.is_empty(), "it minted {} token(s)", tokens.len());
+    task.abort();
+}
+
 /// The real binary at trace level: neither the provider token nor any bootstrap token (nor its
 /// secret half) appears in anything it logs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

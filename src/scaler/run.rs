@@ -576,8 +576,10 @@ impl<P: Provider + 'static> Inner<P> {
                     node,
                     reason,
                 } => {
-                    info!(group, node, %reason, "deleting a Node whose machine is gone");
-                    self.delete_node(node).await;
+                    if self.fenced(group, &format!("delete Node {node}")).await {
+                        info!(group, node, %reason, "deleting a Node whose machine is gone");
+                        self.delete_node(node).await;
+                    }
                 }
                 Action::MarkUnneeded { node, since } => {
                     self.annotate(node, Some(since.to_string())).await
@@ -677,9 +679,10 @@ impl<P: Provider + 'static> Inner<P> {
         }
     }
 
-    /// Whether this replica may delete a machine now ([`Elector::confirm`]); a refusal is
-    /// logged and counted as failure kind `fenced`.
-    async fn fenced(&self, group: &str, machine: &str) -> bool {
+    /// Whether this replica may do an irreversible act now ([`Elector::confirm`]): create or
+    /// delete a machine, mint a token, delete a Node. A refusal is logged with what was not
+    /// done and counted as failure kind `fenced`.
+    async fn fenced(&self, group: &str, act: &str) -> bool {
         match self.elector.confirm().await {
             Ok(()) => true,
             Err(e) => {
@@ -687,7 +690,7 @@ impl<P: Provider + 'static> Inner<P> {
                     .failures
                     .get_or_create(&metrics::failure(group, "fenced"))
                     .inc();
-                warn!(group, machine, error = %e, "not deleting the machine: leadership is not confirmed");
+                warn!(group, act, error = %e, "not acting: leadership is not confirmed");
                 false
             }
         }
@@ -720,7 +723,10 @@ impl<P: Provider + 'static> Inner<P> {
             )
             .await;
         }
-        if !self.fenced(group, machine).await {
+        if !self
+            .fenced(group, &format!("delete machine {machine}"))
+            .await
+        {
             return;
         }
         match self.provider.delete(machine).await {
@@ -757,6 +763,13 @@ impl<P: Provider + 'static> Inner<P> {
         let ttl = jiff::SignedDuration::try_from(self.settings.token_ttl)
             .unwrap_or(jiff::SignedDuration::from_secs(3600));
         let expires = now.checked_add(ttl).unwrap_or(now);
+        // Once per batch: a token and its machines are one act.
+        if !self
+            .fenced(group, &format!("create {count} machine(s)"))
+            .await
+        {
+            return 0;
+        }
         let token = match token::mint(
             &self.client,
             expires,
@@ -897,7 +910,10 @@ impl<P: Provider + 'static> Inner<P> {
         let result = crate::drain::drain(&self.client, node, &self.drain).await;
         match result {
             Ok(r) if r.outcome == DrainOutcome::Drained => {
-                if !self.fenced(group, machine).await {
+                if !self
+                    .fenced(group, &format!("delete machine {machine}"))
+                    .await
+                {
                     // The node stays cordoned with nodeward's scale-down record: the leader
                     // finishes the scale-down.
                     lock(&self.draining).remove(node);
