@@ -246,7 +246,7 @@ struct Agent {
     warnings: Vec<String>,
     notified_ready: bool,
     last_status_line: String,
-    last_written: Option<Status>,
+    status_file: status::StatusFile,
 }
 
 impl Agent {
@@ -268,6 +268,7 @@ impl Agent {
             started.into_std(),
         );
         Self {
+            status_file: status::StatusFile::new(&settings.agent.status_file),
             settings,
             node,
             client,
@@ -306,7 +307,6 @@ impl Agent {
             warnings: Vec::new(),
             notified_ready: false,
             last_status_line: String::new(),
-            last_written: None,
         }
     }
 
@@ -920,11 +920,8 @@ impl Agent {
             last_drain: self.last_drain.clone(),
             warnings: self.warnings_now(),
         };
-        if self.last_written.as_ref() != Some(&status) {
-            if let Err(e) = status::write(&self.settings.agent.status_file, &status) {
-                warn!(error = %e, "cannot write the status file");
-            }
-            self.last_written = Some(status);
+        if let Err(e) = self.status_file.publish(status) {
+            warn!(error = %e, "cannot write the status file; trying again at the next event");
         }
     }
 }

@@ -159,6 +159,35 @@ pub fn write(path: &Path, status: &Status) -> Result<(), Error> {
     Ok(())
 }
 
+/// The status file and what it holds: a status is written when it differs from the last one
+/// *written*, so one that failed (a full /run, a read-only remount) is tried again next time
+/// instead of being counted as written.
+#[derive(Debug)]
+pub struct StatusFile {
+    path: std::path::PathBuf,
+    last_written: Option<Status>,
+}
+
+impl StatusFile {
+    /// The status file at `path`, nothing written yet.
+    pub fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            last_written: None,
+        }
+    }
+
+    /// Writes `status` unless the file already holds it; `Ok(true)` when it wrote.
+    pub fn publish(&mut self, status: Status) -> Result<bool, Error> {
+        if self.last_written.as_ref() == Some(&status) {
+            return Ok(false);
+        }
+        write(&self.path, &status)?;
+        self.last_written = Some(status);
+        Ok(true)
+    }
+}
+
 /// Whether the process `pid` (an agent's, from its status file) still runs.
 pub fn alive(pid: u32) -> bool {
     if pid == 0 {
@@ -331,11 +360,26 @@ mod tests {
     use super::*;
     use crate::gate::GateState;
 
+    /// A status that could not be written is written at the next try, even unchanged.
     #[test]
-    fn round_trip_and_display() {
+    fn a_failed_write_is_tried_again() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("sub/status.json");
-        let s = Status {
+        let blocker = dir.path().join("run");
+        // A file where the directory should be: the write fails.
+        std::fs::write(&blocker, "").expect("blocker");
+        let path = blocker.join("status.json");
+        let mut file = StatusFile::new(&path);
+        let s = sample();
+        file.publish(s.clone())
+            .expect_err("cannot write under a file");
+        std::fs::remove_file(&blocker).expect("unblock");
+        assert!(file.publish(s.clone()).expect("writes now"), "tried again");
+        assert_eq!(read(&path).expect("read"), s);
+        assert!(!file.publish(s).expect("unchanged"), "not rewritten");
+    }
+
+    fn sample() -> Status {
+        Status {
             pid: 42,
             node: "worker-1".into(),
             phase: Phase::Gated,
@@ -355,7 +399,14 @@ mod tests {
             cordoned_by: None,
             last_drain: None,
             warnings: vec!["kubelet holds a delay lock".into()],
-        };
+        }
+    }
+
+    #[test]
+    fn round_trip_and_display() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sub/status.json");
+        let s = sample();
         write(&path, &s).expect("write");
         assert_eq!(read(&path).expect("read"), s);
         let text = s.to_string();
