@@ -172,6 +172,14 @@ pub enum Action {
         /// Why.
         reason: DeleteNodeReason,
     },
+    /// A scale-down under way on a node opted out since (`nodeward.io/scale-down-disabled`):
+    /// lift nodeward's cordon and forget it instead of finishing it.
+    CancelScaleDown {
+        /// The group.
+        group: String,
+        /// The node.
+        node: String,
+    },
     /// A machine of the group became ready after its last failure: forget the back-off.
     ClearBackOff {
         /// The group.
@@ -1582,6 +1590,15 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
             continue;
         };
         if repaired.contains(n.name.as_str()) {
+            continue;
+        }
+        if n.scale_down_in_progress && n.scale_down_disabled {
+            // Opted out since the scale-down began: the operator's word wins over ours.
+            actions.push(Action::CancelScaleDown {
+                group: s.groups[gi].name.clone(),
+                node: n.name.clone(),
+            });
+            needed.push(n);
             continue;
         }
         if n.scale_down_in_progress {

@@ -632,6 +632,12 @@ impl<P: Provider + 'static> Inner<P> {
                         .await;
                     }
                 }
+                Action::CancelScaleDown { group, node } => {
+                    // A drain under way checks the opt-out itself before its delete.
+                    if !lock(&self.draining).contains(node) {
+                        self.cancel_scale_down(group, node).await;
+                    }
+                }
                 Action::ScaleDown {
                     group,
                     node,
@@ -910,6 +916,19 @@ impl<P: Provider + 'static> Inner<P> {
         let result = crate::drain::drain(&self.client, node, &self.drain).await;
         match result {
             Ok(r) if r.outcome == DrainOutcome::Drained => {
+                match self.opted_out(node).await {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        self.cancel_scale_down(group, node).await;
+                        lock(&self.draining).remove(node);
+                        return;
+                    }
+                    Err(e) => {
+                        warn!(group, node, error = %e, "scale-down: cannot re-read the Node before deleting its machine; the next pass retries");
+                        lock(&self.draining).remove(node);
+                        return;
+                    }
+                }
                 if !self
                     .fenced(group, &format!("delete machine {machine}"))
                     .await
@@ -983,6 +1002,43 @@ impl<P: Provider + 'static> Inner<P> {
             }
         }
         lock(&self.draining).remove(node);
+    }
+
+    /// Whether the Node was opted out of scale-down (`nodeward.io/scale-down-disabled`) since
+    /// the snapshot its scale-down was decided on.
+    async fn opted_out(&self, node: &str) -> kube::Result<bool> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let n = nodes.get(node).await?;
+        Ok(n.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(model::SCALE_DOWN_DISABLED))
+            .is_some_and(|v| v == "true"))
+    }
+
+    /// Gives back a node opted out during its scale-down: nodeward's cordon lifted (never an
+    /// administrator's), its unneeded record cleared, an Event saying so.
+    async fn cancel_scale_down(&self, group: &str, node: &str) {
+        info!(
+            group,
+            node, "scale-down cancelled: the node was opted out since it began"
+        );
+        if let Err(e) = crate::drain::uncordon(&self.client, node, false).await {
+            warn!(node, error = %e, "cannot uncordon the opted-out node; the next pass retries");
+            return;
+        }
+        self.annotate(node, None).await;
+        self.event(
+            &node_ref(node),
+            EventType::Normal,
+            "ScaleDownCancelled",
+            "ScaleDown",
+            format!(
+                "{} is set: nodeward scaler stopped scaling this node down and uncordoned it",
+                model::SCALE_DOWN_DISABLED
+            ),
+        )
+        .await;
     }
 
     async fn write_status(
@@ -1156,6 +1212,12 @@ fn log_action(a: &Action, dry_run: bool) {
             warn!(dry_run, group, failures, %until, "decision: group backs off");
         }
         Action::ClearBackOff { group } => info!(dry_run, group, "decision: back-off cleared"),
+        Action::CancelScaleDown { group, node } => {
+            info!(
+                dry_run,
+                group, node, "decision: cancel the scale-down of an opted-out node"
+            )
+        }
         Action::DeleteNode {
             group,
             node,

@@ -1459,6 +1459,26 @@ fn scale_down_in_progress_is_resumed() {
     assert_eq!(scale_downs(&decide(&snap, t0(), &s)), ["b"]);
 }
 
+/// An operator who opts a node out while its scale-down is under way (a restart, a new leader,
+/// a drain that failed and is retried) gets it back: the scale-down is cancelled, not resumed.
+#[test]
+fn a_scale_down_opted_out_since_is_cancelled_not_resumed() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let mut snap = scale_down_snapshot();
+    snap.nodes[1].unschedulable = true;
+    snap.nodes[1].scale_down_in_progress = true;
+    snap.nodes[1].scale_down_disabled = true;
+    let a = decide(&snap, t0(), &s);
+    assert!(scale_downs(&a).is_empty(), "{a:?}");
+    assert!(
+        a.contains(&Action::CancelScaleDown {
+            group: "web".into(),
+            node: "b".into(),
+        }),
+        "{a:?}"
+    );
+}
+
 #[test]
 fn a_node_left_behind_by_a_scale_down_is_deleted() {
     let s = settings(vec![group("web", 0, 10)]);
@@ -1770,6 +1790,7 @@ mod phases {
                 Action::Repair { .. } => "Repair",
                 Action::BackOff { .. } => "BackOff",
                 Action::DeleteNode { .. } => "DeleteNode",
+                Action::CancelScaleDown { .. } => "CancelScaleDown",
                 Action::ClearBackOff { .. } => "ClearBackOff",
                 Action::GuardHolds { .. } => "GuardHolds",
             })
