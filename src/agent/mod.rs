@@ -226,7 +226,6 @@ struct Agent {
     node_echo_rv: Option<String>,
     pods: Mirror<Pod>,
     started: Instant,
-    boot_time: Option<jiff::Timestamp>,
     overdue_reported: bool,
     own_cordon: bool,
     reconcile_retry_at: Option<Instant>,
@@ -295,7 +294,6 @@ impl Agent {
             node_echo_rv: None,
             pods: Mirror::default(),
             started,
-            boot_time: boot_time(),
             overdue_reported: false,
             own_cordon: false,
             reconcile_retry_at: None,
@@ -699,7 +697,9 @@ impl Agent {
             overdue_reported: self.overdue_reported,
             has_startup_taint: n.is_some_and(readiness::has_startup_taint),
             cordon: n.map_or(state::CordonView::NotCordoned, |n| {
-                node::cordon_view(n, self.boot_time, self.own_cordon)
+                // Computed each time: a clock set after the agent started (NTP's first step)
+                // moves the boot's wall-clock time with it.
+                node::cordon_view(n, boot_time(), self.own_cordon)
             }),
             retaint: self.settings.agent.retaint_on_gate_failure,
             condition_current: n.is_some_and(|n| {
