@@ -5,6 +5,7 @@
 //! of retrying blind, so the built-in retry is turned off here for every client.
 
 use std::path::Path;
+use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
@@ -30,9 +31,24 @@ pub enum Error {
     Build(#[source] kube::Error),
 }
 
+/// How long any request may wait for the API server's answer to begin (its status line and
+/// headers). A frozen API server that accepts connections and never answers otherwise holds a
+/// call for kube's default read timeout (295 s): a scaler leader's pass, an agent's reconcile
+/// in the loop that must answer logind. A watch is bounded the same way: the API server sends
+/// its headers as soon as the watch starts, and the events stream after them, unbounded.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
+
 /// A client for `kubeconfig`, or kube's inference (KUBECONFIG, ~/.kube/config, in-cluster)
-/// when `None`.
+/// when `None`, each request bounded by [`REQUEST_DEADLINE`].
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
+    client_with_deadline(kubeconfig, REQUEST_DEADLINE).await
+}
+
+/// [`client`] with another deadline for the answer to begin.
+pub async fn client_with_deadline(
+    kubeconfig: Option<&Path>,
+    deadline: Duration,
+) -> Result<kube::Client, Error> {
     let mut config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig {
@@ -49,5 +65,52 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
         None => kube::Config::infer().await.map_err(Error::Infer)?,
     };
     config.default_retry = false;
-    kube::Client::try_from(config).map_err(Error::Build)
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .map_err(Error::Build)?
+        .with_layer(&tower::timeout::TimeoutLayer::new(deadline))
+        .build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request to an API server that accepts and never answers fails at the deadline.
+    #[tokio::test]
+    async fn a_silent_api_server_fails_the_request_at_the_deadline() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        // Accepts, keeps the connections, never answers.
+        let _hold = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"http://127.0.0.1:{port}\"}}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+            ),
+        )
+        .expect("kubeconfig");
+        let client = client_with_deadline(Some(&kubeconfig), Duration::from_millis(500))
+            .await
+            .expect("client");
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(20), nodes.get("x"))
+            .await
+            .expect("the request ends by its deadline, not by kube's 295 s read timeout");
+        assert!(answer.is_err());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
 }
