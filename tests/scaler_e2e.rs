@@ -1043,3 +1043,69 @@ async fn a_graceful_shutdown_releases_the_lease() {
         "the Lease is free for the next replica at once"
     );
 }
+
+/// Under systemd (`Type=notify`, `WatchdogSec=`): the scaler says READY=1 once it runs, then
+/// WATCHDOG=1 from its loop while that loop makes progress. Without READY=1, `systemctl start
+/// nodeward-scaler` waited for it until the start timed out, and restarted it for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scaler_tells_systemd_it_is_ready_and_alive() {
+    let env = env(|_| {}).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("cherry-token");
+    std::fs::write(&token_file, API_TOKEN).expect("token file");
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[scaler]\ncluster_name = \"e2e\"\nscan_interval = \"100ms\"\nmetrics_address = \"\"\nvalues = \"{values}\"\n[scaler.cherry]\napi_url = \"{url}\"\nproject_id = 7\ntoken_file = \"{token}\"\n[[scaler.groups]]\nname = \"web\"\nmax = 3\nplan = \"e5_1620v4\"\nregion = \"eu_nord_1\"\nimage = \"ubuntu_24_04\"\ntemplate = \"{template}\"\n",
+            template = concat!(env!("CARGO_MANIFEST_DIR"), "/cloud-init/worker.yaml.tera"),
+            values = env.settings.scaler.values.display(),
+            url = env.cherry.url(),
+            token = token_file.display(),
+        ),
+    )
+    .expect("config");
+    let socket_path = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).expect("notify socket");
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .arg("--config")
+        .arg(&config)
+        .args(["scaler", "--kubeconfig"])
+        .arg(env.kube.kubeconfig_path())
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "1000000")
+        .env_remove("WATCHDOG_PID")
+        .env_remove("JOURNAL_STREAM")
+        .env_remove("NODEWARD_CONFIG")
+        .env_remove("CHERRY_AUTH_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("stderr")).expect("log"))
+        .spawn()
+        .expect("start nodeward scaler");
+    let mut said = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        let mut buf = [0u8; 4096];
+        if let Ok(n) = socket.recv(&mut buf) {
+            said.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        let watchdogs = said.iter().filter(|m| m.contains("WATCHDOG=1")).count();
+        if said.iter().any(|m| m.contains("READY=1")) && watchdogs >= 3 {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default();
+    assert!(
+        said.iter().any(|m| m.contains("READY=1")),
+        "no READY=1: {said:?}\n{log}"
+    );
+    assert!(
+        said.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 3,
+        "no steady WATCHDOG=1 (WatchdogSec=1s): {said:?}"
+    );
+}

@@ -49,6 +49,47 @@ pub struct Metrics {
     pub leader: Gauge,
     /// 1 while the cluster-health guard holds repairs and scale-down back.
     pub guard_holding: Gauge,
+    /// Whether the scaler's loop makes progress (`/healthz`, systemd's watchdog).
+    pub liveness: Liveness,
+}
+
+/// Whether the scaler's loop makes progress: the loop beats once per turn; `/healthz` answers
+/// 503 and the systemd watchdog goes unfed once the last beat is older than `stall_after`.
+#[derive(Debug)]
+pub struct Liveness {
+    last_beat: std::sync::Mutex<std::time::Instant>,
+    stall_after: std::sync::Mutex<Duration>,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self {
+            last_beat: std::sync::Mutex::new(std::time::Instant::now()),
+            stall_after: std::sync::Mutex::new(Duration::from_secs(300)),
+        }
+    }
+}
+
+impl Liveness {
+    /// The loop made progress now.
+    pub fn beat(&self) {
+        *lock(&self.last_beat) = std::time::Instant::now();
+    }
+
+    /// How long a turn of the loop may take before it counts as stalled.
+    pub fn set_stall_after(&self, d: Duration) {
+        *lock(&self.stall_after) = d;
+    }
+
+    /// How long since the last beat, if that is longer than allowed.
+    pub fn stalled(&self) -> Option<Duration> {
+        let since = lock(&self.last_beat).elapsed();
+        (since > *lock(&self.stall_after)).then_some(since)
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Default for Metrics {
@@ -65,6 +106,7 @@ impl Default for Metrics {
             pending_to_create_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             leader: Gauge::default(),
             guard_holding: Gauge::default(),
+            liveness: Liveness::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -142,7 +184,16 @@ const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 fn respond(metrics: &Metrics, path: &str) -> Response<String> {
     let (status, body) = match path {
         "/metrics" => (StatusCode::OK, metrics.render()),
-        "/healthz" => (StatusCode::OK, "ok\n".to_string()),
+        "/healthz" => match metrics.liveness.stalled() {
+            None => (StatusCode::OK, "ok\n".to_string()),
+            Some(d) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "stalled: the scaler's loop last made progress {} s ago\n",
+                    d.as_secs()
+                ),
+            ),
+        },
         _ => (StatusCode::NOT_FOUND, "not found\n".to_string()),
     };
     let mut resp = Response::new(body);
@@ -227,6 +278,22 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn healthz_says_503_once_the_loop_stalls() {
+        let m = super::Metrics::default();
+        assert_eq!(super::respond(&m, "/healthz").status(), 200);
+        m.liveness
+            .set_stall_after(std::time::Duration::from_secs(60));
+        *super::lock(&m.liveness.last_beat) = std::time::Instant::now()
+            .checked_sub(std::time::Duration::from_secs(61))
+            .expect("a minute of uptime");
+        let r = super::respond(&m, "/healthz");
+        assert_eq!(r.status(), 503);
+        assert!(r.body().contains("stalled"), "{}", r.body());
+        m.liveness.beat();
+        assert_eq!(super::respond(&m, "/healthz").status(), 200);
+    }
 
     #[test]
     fn accept_errors_back_off_and_recover() {

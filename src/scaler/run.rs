@@ -307,9 +307,20 @@ impl<P: Provider + 'static> Scaler<P> {
                 }
             }))
         };
+        let liveness = &inner.metrics.liveness;
+        liveness.set_stall_after(stall_after(s));
+        liveness.beat();
+        let _watchdog = sd_notify::watchdog_enabled().map(|period| {
+            let inner = inner.clone();
+            AbortOnDrop(tokio::spawn(async move {
+                feed_watchdog(&inner.metrics.liveness, period).await
+            }))
+        });
         let mut shutdown = std::pin::pin!(shutdown);
         info!(identity = %inner.opts.identity, dry_run = inner.opts.dry_run, groups = s.groups.len(), "scaler started");
+        crate::systemd::notify(&[sd_notify::NotifyState::Ready]);
         loop {
+            inner.metrics.liveness.beat();
             let next = Instant::now() + s.scan_interval;
             if inner.is_leader() {
                 if let Err(e) = inner.clone().pass().await {
@@ -323,6 +334,7 @@ impl<P: Provider + 'static> Scaler<P> {
                 () = tokio::time::sleep_until(next) => {}
             }
         }
+        crate::systemd::notify(&[sd_notify::NotifyState::Stopping]);
         drop(_election);
         inner.elector.release().await;
         info!("scaler stopped");
@@ -338,6 +350,42 @@ impl<P: Provider + 'static> Scaler<P> {
             return Err(Error::NotLeader);
         }
         self.inner.clone().pass().await
+    }
+}
+
+/// How long one turn of the loop may take before the scaler counts as stalled: two scan
+/// intervals, plus twice the longest a provider call or a Kubernetes request may take (a pass
+/// makes both), plus a minute.
+fn stall_after(s: &ScalerSettings) -> Duration {
+    let provider = s.cherry.request_timeout.max(s.exec.timeout);
+    let call = provider.max(crate::kube_client::REQUEST_DEADLINE);
+    s.scan_interval
+        .saturating_mul(2)
+        .saturating_add(call.saturating_mul(2))
+        .saturating_add(Duration::from_secs(60))
+}
+
+/// Sends systemd `WATCHDOG=1` every half `period` while the loop makes progress, so a scaler
+/// whose loop or runtime hangs is killed and restarted (`WatchdogSec=`, `Restart=on-failure`).
+async fn feed_watchdog(liveness: &metrics::Liveness, period: Duration) {
+    let mut tick = tokio::time::interval(period / 2);
+    let mut said = false;
+    loop {
+        tick.tick().await;
+        match liveness.stalled() {
+            None => {
+                crate::systemd::notify(&[sd_notify::NotifyState::Watchdog]);
+                said = false;
+            }
+            Some(d) if !said => {
+                error!(
+                    since_s = d.as_secs(),
+                    "the scaler's loop stalled: no longer feeding systemd's watchdog"
+                );
+                said = true;
+            }
+            Some(_) => {}
+        }
     }
 }
 
