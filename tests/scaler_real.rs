@@ -645,7 +645,78 @@ async fn match_label_keys_arrive_merged(cluster: Cluster) {
     let _ = pods.delete("p", &Default::default()).await;
 }
 
+/// The scaler's identity, as shipped in rbac-scaler.yaml, may create bootstrap tokens and
+/// nothing more with Secrets: it cannot read one (every Secret in kube-system holds a
+/// credential), list them, or delete one; nor replace a Node whole. Tried for real, as the
+/// ServiceAccount, against the real authorizer.
+async fn scaler_identity_is_least_privilege(cluster: Cluster) {
+    use k8s_openapi::api::core::v1::Secret;
+    let admin = cluster.admin().await;
+    let scaler =
+        common::client(&cluster.service_account_kubeconfig("kube-system", "nodeward-scaler")).await;
+    let victim: Secret = serde_json::from_value(json!({
+        "metadata": {"name": unique("victim"), "namespace": "kube-system"},
+        "stringData": {"password": "hunter2"}
+    }))
+    .expect("secret");
+    let victim = Api::<Secret>::namespaced(admin.clone(), "kube-system")
+        .create(&PostParams::default(), &victim)
+        .await
+        .expect("admin creates a secret");
+    let victim_name = victim.metadata.name.clone().expect("name");
+    let secrets: Api<Secret> = Api::namespaced(scaler.clone(), "kube-system");
+    let forbidden = |what: &str, r: Result<(), kube::Error>| match r {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => panic!("the scaler may {what}: {other:?}"),
+    };
+    forbidden("read a Secret", secrets.get(&victim_name).await.map(drop));
+    forbidden(
+        "list Secrets",
+        secrets.list(&ListParams::default()).await.map(drop),
+    );
+    forbidden(
+        "delete a Secret",
+        secrets
+            .delete(&victim_name, &Default::default())
+            .await
+            .map(drop),
+    );
+    // What it needs: minting a token.
+    let expires = jiff::Timestamp::now() + jiff::SignedDuration::from_mins(5);
+    let token = nodeward::scaler::token::mint(&scaler, expires, &[], "g")
+        .await
+        .expect("the scaler mints a token");
+    let nodes: Api<Node> = Api::all(scaler.clone());
+    let node_name = unique("least-privilege");
+    let some: Node =
+        serde_json::from_value(json!({"metadata": {"name": node_name}})).expect("node");
+    let admin_nodes: Api<Node> = Api::all(admin.clone());
+    let some = admin_nodes
+        .create(&PostParams::default(), &some)
+        .await
+        .expect("admin creates a Node");
+    forbidden(
+        "replace a Node",
+        nodes
+            .replace(&node_name, &PostParams::default(), &some)
+            .await
+            .map(drop),
+    );
+    let _ = admin_nodes.delete(&node_name, &Default::default()).await;
+    let admin_secrets: Api<Secret> = Api::namespaced(admin, "kube-system");
+    let _ = admin_secrets
+        .delete(&victim_name, &Default::default())
+        .await;
+    let _ = admin_secrets
+        .delete(
+            &format!("bootstrap-token-{}", token.id),
+            &Default::default(),
+        )
+        .await;
+}
+
 real_only! {
+    the_scaler_identity_is_least_privilege => super::scaler_identity_is_least_privilege;
     pending_pods_bring_machines_that_join_become_ready_and_leave => super::scale_up_and_down;
     match_label_keys_arrive_merged_into_the_selectors => super::match_label_keys_arrive_merged;
     the_scheduler_counts_a_pods_affinity_terms_together => super::affinity_terms_count_together;
