@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use cherry_emulator::{CherryEmulator, Options, PlanSpec};
 use kube_emulator::{Emulator, EmulatorOptions};
 use nodeward::config::{Capacity, GroupSettings, Settings};
+use nodeward::drain::plan::{EvictRule, Fate};
 use nodeward::scaler::model::{
     MachineView, Namespaces, NodeView, PodConstraints, PodTermView, PodView, SelectorView,
     Snapshot, SpreadView,
@@ -142,10 +143,9 @@ fn snapshot(nodes: usize, running: usize, pending: usize, running_cpu: i64) -> S
         affinity_terms: Vec::new(),
         tolerations: Vec::new(),
         constraints: None,
-        controller_kind: Some("ReplicaSet".into()),
-        mirror: false,
+        fate: Fate::Evict(EvictRule::PLAIN),
         safe_to_evict: None,
-        local_storage: false,
+        host_path: false,
     };
     for i in 0..running {
         let mut p = pod(

@@ -555,7 +555,7 @@ async fn pod_until(pods: &Api<Pod>, name: &str, what: &str, check: fn(&Pod) -> b
 
 /// The scheduler tried the pod and found no node for it, as the scaler reads it.
 fn unschedulable(p: &Pod) -> bool {
-    nodeward::scaler::model::pod_view(p).is_some_and(|v| v.unschedulable)
+    nodeward::scaler::model::pod_view(p, &Default::default()).is_some_and(|v| v.unschedulable)
 }
 
 fn node_of(p: &Pod) -> Option<&str> {
@@ -634,7 +634,7 @@ async fn match_label_keys_arrive_merged(cluster: Cluster) {
             "{path}: {stored}"
         );
     }
-    let view = nodeward::scaler::model::pod_view(&pod).expect("view");
+    let view = nodeward::scaler::model::pod_view(&pod, &Default::default()).expect("view");
     let c = view.constraints.expect("constraints");
     for selector in [&c.spread[0].selector, &c.anti_affinity[0].selector] {
         let expressions = &selector.as_ref().expect("selector").expressions;

@@ -179,6 +179,16 @@ pub struct PlanOptions {
     pub waves: Vec<Wave>,
 }
 
+impl PlanOptions {
+    /// The overrides [`fate`] reads.
+    pub fn rules(&self) -> LeaveRules {
+        LeaveRules {
+            force: self.force,
+            delete_emptydir_data: self.delete_emptydir_data,
+        }
+    }
+}
+
 /// The effective priority: `spec.priority`, or for the two system classes their value when the
 /// admission plugin that fills it in did not run.
 pub fn priority(pod: &Pod) -> i32 {
@@ -204,67 +214,153 @@ pub fn wave_of(priority: i32, waves: &[Wave]) -> usize {
 /// `apiVersion` of the only DaemonSets whose pods are skipped.
 const DAEMONSET_API_VERSION: &str = "apps/v1";
 
-/// Decides one pod. Checked in the order kubectl drain uses, with nodeward's annotation first
-/// because an owner's explicit wish beats every flag. `daemonset_exists(namespace, name)` answers
-/// from the drain's watch cache of DaemonSets (never one request per pod).
+/// The facts about a pod that decide what happens to it when its node goes, read once from the
+/// Pod: the drain plans from them, and the scaler's scale-down reads the same facts (kept in its
+/// snapshot) through the same [`fate`], so the two can never disagree about a pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct PodFacts {
+    /// Annotated [`DRAIN_ANNOTATION`]`: never`.
+    pub drain_never: bool,
+    /// A static pod's mirror ([`MIRROR_ANNOTATION`]).
+    pub mirror: bool,
+    /// Succeeded or Failed.
+    pub finished: bool,
+    /// Its controller owner, if any.
+    pub controller: Option<ControllerRef>,
+    /// Has an emptyDir volume.
+    pub empty_dir: bool,
+}
+
+/// A pod's controller owner reference, reduced to what [`fate`] reads.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ControllerRef {
+    /// `apiVersion`.
+    pub api_version: String,
+    /// `kind`.
+    pub kind: String,
+    /// `name`.
+    pub name: String,
+}
+
+impl PodFacts {
+    /// Reads the facts from a Pod.
+    pub fn of(pod: &Pod) -> Self {
+        let annotations = pod.metadata.annotations.as_ref();
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        Self {
+            drain_never: annotations
+                .and_then(|a| a.get(DRAIN_ANNOTATION))
+                .is_some_and(|v| v == "never"),
+            mirror: annotations.is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)),
+            finished: matches!(phase, Some("Succeeded" | "Failed")),
+            controller: pod
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|r| r.controller == Some(true))
+                .map(|r| ControllerRef {
+                    api_version: r.api_version.clone(),
+                    kind: r.kind.clone(),
+                    name: r.name.clone(),
+                }),
+            empty_dir: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.as_ref())
+                .is_some_and(|vols| vols.iter().any(|v| v.empty_dir.is_some())),
+        }
+    }
+}
+
+/// The two overrides that change a pod's [`fate`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaveRules {
+    /// Evict pods no controller recreates (`--force`, `drain.force`).
+    pub force: bool,
+    /// Evict pods with emptyDir volumes (`--delete-emptydir-data`, …).
+    pub delete_emptydir_data: bool,
+}
+
+/// What happens to a pod when its node goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// It is evicted (and recreated elsewhere by its owner, if it has one).
+    Evict(EvictRule),
+    /// It stays, and goes with the node.
+    Skip(SkipReason),
+    /// It stays, and keeps the drain from completing.
+    Refuse(RefuseReason),
+}
+
+/// The one answer to "what happens to this pod when its node goes", for the drain's plan and the
+/// scaler's choice of nodes alike. Checked in the order kubectl drain uses, with nodeward's
+/// annotation first because an owner's explicit wish beats every flag.
+/// `daemonset_exists(namespace, name)` answers from a cache of DaemonSets (never one request per
+/// pod).
+pub fn fate(
+    facts: &PodFacts,
+    namespace: &str,
+    rules: LeaveRules,
+    daemonset_exists: &dyn Fn(&str, &str) -> bool,
+) -> Fate {
+    if facts.drain_never {
+        return Fate::Refuse(RefuseReason::Annotated);
+    }
+    if facts.mirror {
+        return Fate::Skip(SkipReason::Mirror);
+    }
+    if facts.finished {
+        return Fate::Skip(SkipReason::Finished);
+    }
+    let owner = match owner_verdict(facts, namespace, rules.force, daemonset_exists) {
+        Ok(owner) => owner,
+        Err(fate) => return fate,
+    };
+    if facts.empty_dir && !rules.delete_emptydir_data {
+        return Fate::Refuse(RefuseReason::EmptyDir);
+    }
+    Fate::Evict(EvictRule {
+        owner,
+        deletes_emptydir_data: facts.empty_dir,
+    })
+}
+
+/// Decides one pod of a drain: its [`fate`], and for an eviction the wave its priority puts it in.
 pub fn decide(
     pod: &Pod,
     opts: &PlanOptions,
     daemonset_exists: &dyn Fn(&str, &str) -> bool,
 ) -> Decision {
-    let meta = &pod.metadata;
-    let annotations = meta.annotations.as_ref();
-    if annotations
-        .and_then(|a| a.get(DRAIN_ANNOTATION))
-        .is_some_and(|v| v == "never")
-    {
-        return Decision::Refuse(RefuseReason::Annotated);
-    }
-    if annotations.is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)) {
-        return Decision::Skip(SkipReason::Mirror);
-    }
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if matches!(phase, Some("Succeeded" | "Failed")) {
-        return Decision::Skip(SkipReason::Finished);
-    }
-    let owner = match owner_verdict(pod, opts.force, daemonset_exists) {
-        Ok(owner) => owner,
-        Err(decision) => return decision,
-    };
-    let has_empty_dir = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.volumes.as_ref())
-        .is_some_and(|vols| vols.iter().any(|v| v.empty_dir.is_some()));
-    if has_empty_dir && !opts.delete_emptydir_data {
-        return Decision::Refuse(RefuseReason::EmptyDir);
-    }
-    Decision::Evict {
-        wave: wave_of(priority(pod), &opts.waves),
-        rule: EvictRule {
-            owner,
-            deletes_emptydir_data: has_empty_dir,
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    match fate(
+        &PodFacts::of(pod),
+        namespace,
+        opts.rules(),
+        daemonset_exists,
+    ) {
+        Fate::Evict(rule) => Decision::Evict {
+            wave: wave_of(priority(pod), &opts.waves),
+            rule,
         },
+        Fate::Skip(reason) => Decision::Skip(reason),
+        Fate::Refuse(reason) => Decision::Refuse(reason),
     }
 }
 
-/// What a running pod's controller says: evictable as whose, or a decision that ends the plan
+/// What a running pod's controller says: evictable as whose, or a fate that ends the question
 /// (skipped as a live DaemonSet's, refused as nobody's).
 fn owner_verdict(
-    pod: &Pod,
+    facts: &PodFacts,
+    namespace: &str,
     force: bool,
     daemonset_exists: &dyn Fn(&str, &str) -> bool,
-) -> Result<Owner, Decision> {
-    let controller = pod
-        .metadata
-        .owner_references
-        .as_ref()
-        .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)));
-    let Some(c) = controller else {
+) -> Result<Owner, Fate> {
+    let Some(c) = &facts.controller else {
         return if force {
             Ok(Owner::Forced)
         } else {
-            Err(Decision::Refuse(RefuseReason::Unmanaged))
+            Err(Fate::Refuse(RefuseReason::Unmanaged))
         };
     };
     if c.kind != "DaemonSet" {
@@ -273,11 +369,10 @@ fn owner_verdict(
     if c.api_version != DAEMONSET_API_VERSION {
         return Ok(Owner::ForeignDaemonSet);
     }
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
     match (daemonset_exists(namespace, &c.name), force) {
-        (true, _) => Err(Decision::Skip(SkipReason::DaemonSet)),
+        (true, _) => Err(Fate::Skip(SkipReason::DaemonSet)),
         (false, true) => Ok(Owner::OrphanForced),
-        (false, false) => Err(Decision::Refuse(RefuseReason::OrphanedDaemonSet)),
+        (false, false) => Err(Fate::Refuse(RefuseReason::OrphanedDaemonSet)),
     }
 }
 

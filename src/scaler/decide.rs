@@ -374,7 +374,7 @@ impl<'a> BudgetIndex<'a> {
 pub fn scale_down_fingerprint(pods: &[&PodView], budgets: &[BudgetView]) -> String {
     let index = BudgetIndex::new(budgets);
     let mut parts: Vec<String> = Vec::new();
-    for p in pods.iter().filter(|p| !p.daemon()) {
+    for p in pods.iter().filter(|p| !p.stays()) {
         parts.push(format!("pod {}", p.uid));
         for i in index.of(p) {
             let b = &budgets[i];
@@ -703,13 +703,11 @@ impl<'a> Context<'a> {
             pods_from[ni + 1] += 1;
             let u = &mut usage[ni];
             u.requested.add(&p.requests);
-            if !p.daemon() {
+            if !p.stays() {
                 u.movable.add(&p.requests);
                 u.has_movable = true;
-                u.pinned |= p.safe_to_evict == Some(false)
-                    || p.controller_kind.is_none()
-                    || (p.local_storage && p.safe_to_evict != Some(true));
             }
+            u.pinned |= p.blocks_scale_down();
         }
         let mut sum = 0;
         for n in &mut pods_from {
@@ -1636,7 +1634,7 @@ fn scale_down<'a>(cx: &Context<'a>, plan: &mut Plan<'a>) {
         let movable: Vec<usize> = ids
             .iter()
             .copied()
-            .filter(|&i| !snap.pods[i].daemon())
+            .filter(|&i| !snap.pods[i].stays())
             .collect();
         // A drain that failed here before, with the same pods under the same budgets, would
         // fail again: wait for something to change.

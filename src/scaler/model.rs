@@ -12,6 +12,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::resources::Resources;
+pub use crate::drain::plan::{Fate, LeaveRules, PodFacts, SkipReason};
 use crate::names::{NODE_GROUP_LABEL, is_startup_taint_key};
 pub use crate::names::{SCALE_DOWN_DISABLED, SCALE_DOWN_FAILED, UNNEEDED_SINCE};
 /// A pod annotation that blocks (`"false"`) or allows (`"true"`) removing its node.
@@ -277,14 +278,14 @@ pub struct PodView {
     pub constraints: Option<Box<PodConstraints>>,
     /// Pending with PodScheduled=False reason Unschedulable.
     pub unschedulable: bool,
-    /// Kind of the controller owner, if any.
-    pub controller_kind: Option<String>,
-    /// A static pod's mirror.
-    pub mirror: bool,
+    /// What happens to it when its node goes: the drain's own verdict
+    /// ([`crate::drain::plan::fate`]) under the scale-down drain's rules.
+    pub fate: Fate,
     /// [`SAFE_TO_EVICT`]: `Some(true)`, `Some(false)` or absent.
     pub safe_to_evict: Option<bool>,
-    /// Has an emptyDir or hostPath volume.
-    pub local_storage: bool,
+    /// Has a hostPath volume (cluster-autoscaler's "local storage" besides emptyDir, which the
+    /// drain itself judges).
+    pub host_path: bool,
 }
 
 impl PodView {
@@ -298,9 +299,44 @@ impl PodView {
         key
     }
 
-    /// Owned by a DaemonSet (or a mirror pod): runs on every node and leaves with it.
+    /// A live DaemonSet's pod or a mirror pod: runs on every node (the overhead a new node
+    /// brings) and leaves with it.
     pub fn daemon(&self) -> bool {
-        self.mirror || self.controller_kind.as_deref() == Some("DaemonSet")
+        matches!(
+            self.fate,
+            Fate::Skip(SkipReason::DaemonSet | SkipReason::Mirror)
+        )
+    }
+
+    /// The drain leaves it on the node, which goes with it: nothing to move.
+    pub fn stays(&self) -> bool {
+        matches!(self.fate, Fate::Skip(_))
+    }
+
+    /// Keeps its node from being scaled down: the drain would refuse it (so a scale-down would
+    /// fail), or cluster-autoscaler's annotation or a hostPath volume says to keep it (the
+    /// scaler's own, stricter rule).
+    pub fn blocks_scale_down(&self) -> bool {
+        matches!(self.fate, Fate::Refuse(_))
+            || self.safe_to_evict == Some(false)
+            || (self.host_path && self.safe_to_evict != Some(true))
+    }
+}
+
+/// How the scaler judges what leaves with a node: its scale-down drain's rules, and which
+/// DaemonSets exist (as the drain's watch would say).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LeaveContext<'a> {
+    /// The scale-down drain's overrides.
+    pub rules: LeaveRules,
+    /// The `apps/v1` DaemonSets that exist by namespace and name; `None`: take every one to.
+    pub daemonsets: Option<&'a std::collections::HashSet<(String, String)>>,
+}
+
+impl LeaveContext<'_> {
+    fn daemonset_exists(&self, namespace: &str, name: &str) -> bool {
+        self.daemonsets
+            .is_none_or(|d| d.contains(&(namespace.to_string(), name.to_string())))
     }
 }
 
@@ -544,7 +580,7 @@ fn constraints(
 }
 
 /// Converts a Pod; `None` for a finished pod (Succeeded or Failed), which holds no resources.
-pub fn pod_view(pod: &Pod) -> Option<PodView> {
+pub fn pod_view(pod: &Pod, leave: &LeaveContext<'_>) -> Option<PodView> {
     let status = pod.status.as_ref();
     let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
     if phase == "Succeeded" || phase == "Failed" {
@@ -611,14 +647,10 @@ pub fn pod_view(pod: &Pod) -> Option<PodView> {
                         && c.reason.as_deref() == Some("Unschedulable")
                 })
             });
-    let controller_kind = pod
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-        .map(|o| o.kind.clone());
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let fate = crate::drain::plan::fate(&PodFacts::of(pod), &namespace, leave.rules, &|ns, n| {
+        leave.daemonset_exists(ns, n)
+    });
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     Some(PodView {
         constraints: constraints(spec, &namespace, &labels),
@@ -632,13 +664,8 @@ pub fn pod_view(pod: &Pod) -> Option<PodView> {
         affinity_terms,
         tolerations: spec.tolerations.iter().flatten().map(toleration).collect(),
         unschedulable,
-        controller_kind,
-        mirror: annotations.contains_key(crate::drain::plan::MIRROR_ANNOTATION),
+        fate,
         safe_to_evict: annotations.get(SAFE_TO_EVICT).map(|v| v == "true"),
-        local_storage: spec
-            .volumes
-            .iter()
-            .flatten()
-            .any(|v| v.empty_dir.is_some() || v.host_path.is_some()),
+        host_path: spec.volumes.iter().flatten().any(|v| v.host_path.is_some()),
     })
 }

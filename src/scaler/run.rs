@@ -494,13 +494,15 @@ impl<P: Provider + 'static> Inner<P> {
         let budgets: Api<PodDisruptionBudget> = Api::all(self.client.clone());
         let all = ListParams::default();
         let live = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-        let (nodes, pods, status, budgets, machines) = tokio::join!(
+        let (nodes, pods, status, budgets, machines, daemonsets) = tokio::join!(
             nodes.list(&all),
             pods.list(&live),
             status.get_opt(STATUS_CONFIGMAP),
             budgets.list(&all),
             self.provider.list(),
+            self.daemonsets(),
         );
+        let daemonsets = daemonsets?;
         let nodes = nodes.map_err(api("list nodes"))?;
         let pods = pods.map_err(api("list pods"))?;
         let status = status.map_err(api("read the status ConfigMap"))?;
@@ -513,11 +515,46 @@ impl<P: Provider + 'static> Inner<P> {
             .unwrap_or_default();
         Ok(Snapshot {
             nodes: nodes.items.iter().map(model::node_view).collect(),
-            pods: pods.items.iter().filter_map(model::pod_view).collect(),
+            pods: pods
+                .items
+                .iter()
+                .filter_map(|p| model::pod_view(p, &self.leave_context(&daemonsets)))
+                .collect(),
             machines,
             backoff,
             budgets: budgets.items.iter().map(model::budget_view).collect(),
         })
+    }
+
+    /// The DaemonSets (`apps/v1`) that exist, by namespace and name: whether a DaemonSet's pod
+    /// stays with its node or keeps the drain from completing, as the drain's own watch says.
+    async fn daemonsets(&self) -> Result<HashSet<(String, String)>> {
+        let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::all(self.client.clone());
+        let list = daemonsets
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(api("list daemonsets"))?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|d| {
+                (
+                    d.metadata.namespace.unwrap_or_default(),
+                    d.metadata.name.unwrap_or_default(),
+                )
+            })
+            .collect())
+    }
+
+    /// What leaves with a node, judged as this scaler's scale-down drain will judge it.
+    fn leave_context<'a>(
+        &self,
+        daemonsets: &'a HashSet<(String, String)>,
+    ) -> model::LeaveContext<'a> {
+        model::LeaveContext {
+            rules: self.drain.plan.rules(),
+            daemonsets: Some(daemonsets),
+        }
     }
 
     /// The node's pods and budgets as they are now, reduced to
@@ -529,12 +566,14 @@ impl<P: Provider + 'static> Inner<P> {
             "spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
         ));
         let all = ListParams::default();
-        let (pods, budgets) = tokio::join!(pods.list(&on_node), budgets.list(&all));
+        let (pods, budgets, daemonsets) =
+            tokio::join!(pods.list(&on_node), budgets.list(&all), self.daemonsets());
+        let daemonsets = daemonsets?;
         let pods: Vec<model::PodView> = pods
             .map_err(api("list the node's pods"))?
             .items
             .iter()
-            .filter_map(model::pod_view)
+            .filter_map(|p| model::pod_view(p, &self.leave_context(&daemonsets)))
             .collect();
         let budgets: Vec<model::BudgetView> = budgets
             .map_err(api("list poddisruptionbudgets"))?

@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::{Capacity, GroupSettings};
+use crate::drain::plan::{EvictRule, Fate, RefuseReason, SkipReason};
 use crate::names::STARTUP_TAINT_KEY;
 use crate::scaler::model::{
     Namespaces, PodConstraints, PodTermView, SpreadView, TolerationView, UNNEEDED_SINCE,
@@ -97,10 +98,9 @@ fn pod(name: &str, cpu_milli: i64, mem_gi: i64) -> PodView {
         tolerations: Vec::new(),
         constraints: None,
         unschedulable: true,
-        controller_kind: Some("ReplicaSet".into()),
-        mirror: false,
+        fate: Fate::Evict(EvictRule::PLAIN),
         safe_to_evict: None,
-        local_storage: false,
+        host_path: false,
     }
 }
 
@@ -861,7 +861,7 @@ fn pod_view_keeps_only_required_terms_and_do_not_schedule_spread() {
                 "topologySpreadConstraints": spread},
         }))
         .expect("pod");
-        crate::scaler::model::pod_view(&p)
+        crate::scaler::model::pod_view(&p, &Default::default())
             .expect("view")
             .constraints
     };
@@ -937,7 +937,7 @@ fn pod_view_merges_match_label_keys_into_the_selectors() {
                     "matchLabelKeys": ["pod-template-hash"]}]},
         }))
         .expect("pod");
-        let c = crate::scaler::model::pod_view(&p)
+        let c = crate::scaler::model::pod_view(&p, &Default::default())
             .expect("view")
             .constraints
             .expect("constraints");
@@ -1142,12 +1142,17 @@ fn scale_down_protections() {
             Box::new(|s| s.pods[0].safe_to_evict = Some(false)),
         ),
         (
-            "emptyDir / hostPath",
-            Box::new(|s| s.pods[0].local_storage = true),
+            "emptyDir (the drain refuses it)",
+            Box::new(|s| s.pods[0].fate = Fate::Refuse(RefuseReason::EmptyDir)),
+        ),
+        ("hostPath", Box::new(|s| s.pods[0].host_path = true)),
+        (
+            "no controller (the drain refuses it)",
+            Box::new(|s| s.pods[0].fate = Fate::Refuse(RefuseReason::Unmanaged)),
         ),
         (
-            "no controller",
-            Box::new(|s| s.pods[0].controller_kind = None),
+            "drain: never (the drain refuses it)",
+            Box::new(|s| s.pods[0].fate = Fate::Refuse(RefuseReason::Annotated)),
         ),
         (
             "no group label",
@@ -1222,22 +1227,20 @@ fn scale_down_protections() {
     }
     // DaemonSet and mirror pods do not block.
     for f in [
-        |p: &mut PodView| p.controller_kind = Some("DaemonSet".into()),
-        |p: &mut PodView| {
-            p.controller_kind = None;
-            p.mirror = true;
-        },
+        |p: &mut PodView| p.fate = Fate::Skip(SkipReason::DaemonSet),
+        |p: &mut PodView| p.fate = Fate::Skip(SkipReason::Mirror),
     ] {
         let mut snap = base.clone();
         let mut ds = on(pod("ds", 100, 1), "a");
-        ds.local_storage = true;
+        ds.host_path = true;
+        ds.safe_to_evict = Some(true);
         f(&mut ds);
         snap.pods.push(ds);
         assert_eq!(scale_downs(&decide(&snap, t0(), &s)), ["a"]);
     }
-    // safe-to-evict "true" lets a local-storage pod go.
+    // safe-to-evict "true" lets a hostPath pod go (it cannot overrule the drain's refusals).
     let mut snap = base.clone();
-    snap.pods[0].local_storage = true;
+    snap.pods[0].host_path = true;
     snap.pods[0].safe_to_evict = Some(true);
     assert_eq!(scale_downs(&decide(&snap, t0(), &s)), ["a"]);
 }
@@ -1630,7 +1633,7 @@ fn budgets_decide_which_nodes_can_go() {
         (
             "a DaemonSet pod under a closed budget does not hold its node",
             Box::new(|s| {
-                s.pods[0].controller_kind = Some("DaemonSet".into());
+                s.pods[0].fate = Fate::Skip(SkipReason::DaemonSet);
                 s.budgets.push(budget("api", Some("api"), 0));
             }),
             &["a"],
@@ -1723,7 +1726,7 @@ fn a_failed_scale_down_is_not_repeated_until_something_changed() {
             "a DaemonSet pod came",
             Box::new(|s| {
                 let mut ds = on(pod("ds", 100, 1), "a");
-                ds.controller_kind = Some("DaemonSet".into());
+                ds.fate = Fate::Skip(SkipReason::DaemonSet);
                 s.pods.push(ds);
             }),
             false,
@@ -2278,4 +2281,162 @@ fn guard_thresholds() {
         "45% is not more than 45%"
     );
     assert_eq!(unhealthy(&fleet(100, 46), &s), Some((46, 100)));
+}
+
+/// One table of pod kinds, judged by both users of the one predicate: the drain's plan
+/// (`plan::decide`) and the scaler's choice of a node to scale down (`pod_view` → `decide`).
+/// Whatever the drain would refuse, the scaler never picks the node for (a scale-down whose
+/// drain then fails); the scaler may only be stricter, and only where the table says so.
+#[test]
+fn one_verdict_per_pod_kind_for_drain_and_scale_down() {
+    use crate::drain::plan::{self, Decision, PlanOptions};
+    use serde_json::json;
+    // (kind, pod JSON fields merged over a ReplicaSet's pod, the drain's verdict, whether the
+    // scaler takes the node the pod is on)
+    let rs = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "1", "controller": true}]);
+    let ds = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "2", "controller": true}]);
+    let gone_ds = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gone", "uid": "3", "controller": true}]);
+    let kruise = json!([{"apiVersion": "apps.kruise.io/v1alpha1", "kind": "DaemonSet", "name": "k", "uid": "4", "controller": true}]);
+    let empty_dir = json!([{"name": "scratch", "emptyDir": {}}]);
+    let host_path = json!([{"name": "logs", "hostPath": {"path": "/var/log"}}]);
+    let cases: Vec<(&str, serde_json::Value, &str, bool)> = vec![
+        ("a ReplicaSet's pod", json!({}), "evict", true),
+        (
+            "a bare pod",
+            json!({"metadata": {"ownerReferences": null}}),
+            "refuse",
+            false,
+        ),
+        (
+            "a live DaemonSet's pod",
+            json!({"metadata": {"ownerReferences": ds}}),
+            "skip",
+            true,
+        ),
+        (
+            "an orphaned DaemonSet's pod",
+            json!({"metadata": {"ownerReferences": gone_ds}}),
+            "refuse",
+            false,
+        ),
+        (
+            "a foreign DaemonSet's pod",
+            json!({"metadata": {"ownerReferences": kruise}}),
+            "evict",
+            true,
+        ),
+        (
+            "a mirror pod",
+            json!({"metadata": {"ownerReferences": null, "annotations": {"kubernetes.io/config.mirror": "x"}}}),
+            "skip",
+            true,
+        ),
+        (
+            "a pod annotated drain: never",
+            json!({"metadata": {"annotations": {"nodeward.io/drain": "never"}}}),
+            "refuse",
+            false,
+        ),
+        (
+            "a pod with emptyDir",
+            json!({"spec": {"volumes": empty_dir}}),
+            "refuse",
+            false,
+        ),
+        (
+            "a pod with emptyDir, safe-to-evict true",
+            json!({"metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}}, "spec": {"volumes": empty_dir}}),
+            "refuse",
+            false,
+        ),
+        (
+            "a pod with hostPath (scaler only: cluster-autoscaler's local storage)",
+            json!({"spec": {"volumes": host_path}}),
+            "evict",
+            false,
+        ),
+        (
+            "a pod with hostPath, safe-to-evict true",
+            json!({"metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}}, "spec": {"volumes": host_path}}),
+            "evict",
+            true,
+        ),
+        (
+            "a pod annotated safe-to-evict false (scaler only)",
+            json!({"metadata": {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}}}),
+            "evict",
+            false,
+        ),
+        (
+            "a bare pod, safe-to-evict true",
+            json!({"metadata": {"ownerReferences": null, "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}}}),
+            "refuse",
+            false,
+        ),
+        (
+            "a terminating pod",
+            json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+            "evict",
+            true,
+        ),
+    ];
+    let daemonsets = std::collections::HashSet::from([("default".to_string(), "ds".to_string())]);
+    let opts = PlanOptions {
+        force: false,
+        delete_emptydir_data: false,
+        waves: Vec::new(),
+    };
+    let leave = crate::scaler::model::LeaveContext {
+        rules: opts.rules(),
+        daemonsets: Some(&daemonsets),
+    };
+    let s = settings(vec![group("web", 0, 10)]);
+    for (kind, fields, drain_says, scaler_takes) in cases {
+        let mut pod = json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": "uid-p", "ownerReferences": rs},
+            "spec": {"nodeName": "a", "containers": [{"name": "c", "image": "i",
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]},
+            "status": {"phase": "Running"}
+        });
+        merge(&mut pod, &fields);
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).expect(kind);
+        let exists = |ns: &str, n: &str| daemonsets.contains(&(ns.to_string(), n.to_string()));
+        let verdict = match plan::decide(&pod, &opts, &exists) {
+            Decision::Evict { .. } => "evict",
+            Decision::Skip(_) => "skip",
+            Decision::Refuse(_) => "refuse",
+        };
+        assert_eq!(verdict, drain_says, "the drain on {kind}");
+        let mut snap = scale_down_snapshot();
+        snap.nodes[0].unneeded_since = Some(at(-60));
+        snap.pods[0] = crate::scaler::model::pod_view(&pod, &leave).expect(kind);
+        let takes = scale_downs(&decide(&snap, t0(), &s)).contains(&"a".to_string());
+        assert_eq!(takes, scaler_takes, "the scaler on the node of {kind}");
+        assert!(
+            !(takes && verdict == "refuse"),
+            "{kind}: the scaler picks a node whose drain refuses the pod"
+        );
+    }
+    // A budget that allows no disruption holds the node for the scaler, and makes the drain
+    // wait (not refuse): the plan's verdict is the pod's own.
+    let mut snap = scale_down_snapshot();
+    snap.nodes[0].unneeded_since = Some(at(-60));
+    snap.pods[0].labels.insert("app".into(), "api".into());
+    snap.budgets.push(budget("api", Some("api"), 0));
+    assert!(
+        scale_downs(&decide(&snap, t0(), &s)).is_empty(),
+        "a closed budget holds the node"
+    );
+}
+
+/// Merges JSON `patch` into `target` (objects key by key; anything else replaced).
+fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (target, patch) {
+        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                merge(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
 }

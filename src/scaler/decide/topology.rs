@@ -1010,10 +1010,9 @@ mod tests {
                 ..PodConstraints::default()
             })),
             unschedulable: true,
-            controller_kind: None,
-            mirror: false,
+            fate: crate::drain::plan::Fate::Refuse(crate::drain::plan::RefuseReason::Unmanaged),
             safe_to_evict: None,
-            local_storage: false,
+            host_path: false,
         }
     }
 
