@@ -489,7 +489,49 @@ async fn a_terminating_namespace_is_waited_for(cluster: Cluster) {
 
 use serde::Deserialize as _;
 
+/// A dedicated agent identity (`nodeward:node:NAME` in group `nodeward:agents`, bound to the
+/// shipped ClusterRole) is not confined by NodeRestriction; rbac-agent.yaml's admission policy
+/// confines its Node writes to its own Node. Tried for real: its own cordon works, another
+/// Node's cordon and condition are refused.
+async fn a_dedicated_identity_writes_only_its_own_node(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 1).await;
+    let user = format!("nodeward:node:{spare}");
+    let role = bind_agent_rules(&admin, &user, None).await;
+    let me = common::client(&cluster.user_kubeconfig(&user, &["nodeward:agents"])).await;
+    nodeward::drain::cordon(&me, &spare, "own node", false)
+        .await
+        .expect("an agent cordons its own Node");
+    nodeward::drain::uncordon(&me, &spare, false)
+        .await
+        .expect("and lifts its own cordon");
+    let other = nodeward::drain::cordon(&me, &target, "another node", false).await;
+    assert!(
+        other
+            .as_ref()
+            .err()
+            .is_some_and(|e| e.to_string().contains("own Node")),
+        "an agent cordoned another Node: {other:?}"
+    );
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(me.clone());
+    let condition = json!({"status": {"conditions": [{"type": "nodeward.io/Ready",
+        "status": "True", "reason": "Forged", "message": "forged"}]}});
+    let forged = nodes
+        .patch_status(
+            &target,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(&condition),
+        )
+        .await;
+    assert!(
+        matches!(&forged, Err(kube::Error::Api(s)) if s.code == 403),
+        "an agent wrote another Node's condition: {forged:?}"
+    );
+    unbind(&admin, &role).await;
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
 real_only! {
+    a_dedicated_agent_identity_writes_only_its_own_node => super::a_dedicated_identity_writes_only_its_own_node;
     a_node_drains_itself_within_the_budget => super::node_drains_itself_within_the_budget;
     a_node_cannot_drain_another_nodes_pods => super::a_node_cannot_drain_another;
     each_rule_of_the_shipped_agent_rbac_is_needed => super::each_agent_rule_is_needed;
