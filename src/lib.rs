@@ -10,6 +10,8 @@ pub mod config;
 pub mod drain;
 pub mod events;
 pub mod fsutil;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gate;
 pub mod kube_client;
 pub mod lease;

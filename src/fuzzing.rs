@@ -1,0 +1,138 @@
+//! Entry points for the fuzz targets under `fuzz/` (`scripts/fuzz` runs them with cargo fuzz),
+//! shared with `tests/fuzz_corpora.rs`, which replays every committed corpus file through the
+//! same functions on stable Rust. Each takes arbitrary bytes, must never panic, and checks the
+//! invariant its input owes the rest of nodeward.
+
+use std::path::Path;
+
+use crate::render::values::{Inputs, TokenSource, Values};
+use crate::secret::Secret;
+
+/// The names of the targets, as directories under `fuzz/corpus/`.
+pub const TARGETS: &[&str] = &[
+    "config",
+    "render_values",
+    "template",
+    "quantity",
+    "selector",
+    "taint",
+];
+
+/// Runs target `name` on `data`; `false` for an unknown name.
+pub fn run(name: &str, data: &[u8]) -> bool {
+    let f: fn(&[u8]) = match name {
+        "config" => config,
+        "render_values" => render_values,
+        "template" => template,
+        "quantity" => quantity,
+        "selector" => selector,
+        "taint" => taint,
+        _ => return false,
+    };
+    f(data);
+    true
+}
+
+const TOKEN_ID: &str = "abcdef";
+const TOKEN_SECRET: &str = "0123456789abcdef";
+
+fn text(data: &[u8]) -> String {
+    String::from_utf8_lossy(data).into_owned()
+}
+
+fn token() -> TokenSource {
+    TokenSource {
+        origin: "fuzz".into(),
+        token: Secret::new(format!("{TOKEN_ID}.{TOKEN_SECRET}")),
+    }
+}
+
+/// A config file: loads or is refused with a message naming the file.
+pub fn config(data: &[u8]) {
+    let source = crate::config::Source {
+        path: "fuzz.toml".into(),
+        text: text(data),
+    };
+    if let Err(e) = crate::config::parse(&[source]) {
+        let msg = format!("{e:#}");
+        assert!(msg.contains("fuzz.toml"), "the error names no file: {msg}");
+    }
+}
+
+/// A values file: refused, or its values render the shipped template into user data that
+/// passes the check (validated values always make valid cloud-init).
+pub fn render_values(data: &[u8]) {
+    let text = text(data);
+    let Ok(values) = Values::build(
+        Inputs {
+            file: Some((Path::new("fuzz.toml"), &text)),
+            sets: &[],
+            token: Some(token()),
+        },
+        "r4nd0m8x",
+    ) else {
+        return;
+    };
+    let out = crate::render::render(
+        "worker.yaml.tera",
+        include_str!("../cloud-init/worker.yaml.tera"),
+        &values,
+    )
+    .unwrap_or_else(|e| panic!("valid values do not render: {e}"));
+    crate::render::check("worker.yaml.tera", &out)
+        .unwrap_or_else(|e| panic!("valid values render invalid user data: {e}"));
+}
+
+/// A template, rendered with the example values: whatever it does, an error never carries the
+/// bootstrap token.
+pub fn template(data: &[u8]) {
+    let Ok(values) = Values::build(
+        Inputs {
+            file: Some((
+                Path::new("values.example.toml"),
+                include_str!("../cloud-init/values.example.toml"),
+            )),
+            sets: &[],
+            token: Some(token()),
+        },
+        "r4nd0m8x",
+    ) else {
+        panic!("the example values are valid");
+    };
+    if let Err(e) = crate::render::render("fuzz.tera", &text(data), &values) {
+        let msg = e.to_string();
+        assert!(!msg.contains(TOKEN_SECRET), "the token in an error: {msg}");
+    }
+}
+
+/// A quantity: parsed to a non-negative amount or refused; whole units never below milli-units
+/// over a thousand.
+pub fn quantity(data: &[u8]) {
+    let q = text(data);
+    let milli = crate::scaler::resources::parse_milli(&q);
+    let units = crate::scaler::resources::parse_units(&q);
+    assert_eq!(milli.is_some(), units.is_some(), "{q:?}");
+    if let (Some(m), Some(u)) = (milli, units) {
+        assert!(m >= 0 && u >= 0, "{q:?}");
+        assert!(u >= m / 1000, "{q:?}: {u} units for {m} milli-units");
+    }
+}
+
+/// A label selector: parsed or refused with the accepted form; a parsed one matches labels
+/// without panicking.
+pub fn selector(data: &[u8]) {
+    let s = text(data);
+    match crate::gate::selector::Selector::parse(&s) {
+        Ok(sel) => {
+            let labels = [("app".to_string(), "flannel".to_string())].into();
+            let _ = sel.matches(&labels);
+            let _ = sel.matches(&Default::default());
+        }
+        Err(e) => assert!(e.contains("expected"), "{e}"),
+    }
+}
+
+/// A taint (`key[=value]:Effect`): parsed or refused.
+pub fn taint(data: &[u8]) {
+    let _ = text(data).parse::<crate::validate::Taint>();
+}
