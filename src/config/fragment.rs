@@ -169,6 +169,8 @@ fragment!(
         max_unready_percent: Percent,
         /// Guard: NotReady count always tolerated.
         ok_unready_count: u32,
+        /// Guard per group: NotReady share.
+        max_unready_group_percent: Percent,
         /// NotReady repairs per pass.
         max_unready_repairs_per_pass: Positive,
         /// First back-off.
@@ -373,6 +375,9 @@ impl ScalerFragment {
                 .max_unready_percent
                 .map_or(d.max_unready_percent, |p| p.0),
             ok_unready_count: self.ok_unready_count.unwrap_or(d.ok_unready_count),
+            max_unready_group_percent: self
+                .max_unready_group_percent
+                .map_or(d.max_unready_group_percent, |p| p.0),
             max_unready_repairs_per_pass: self
                 .max_unready_repairs_per_pass
                 .map_or(d.max_unready_repairs_per_pass, |c| c.0),

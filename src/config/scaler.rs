@@ -77,6 +77,10 @@ pub struct ScalerSettings {
     pub max_unready_percent: u8,
     /// NotReady nodes the guard always tolerates (`--ok-total-unready-count`).
     pub ok_unready_count: u32,
+    /// The guard per node group (Karpenter's node repair stops above 20% unhealthy in a pool):
+    /// with more than one of a group's nodes NotReady *and* more than this percentage of them,
+    /// none of that group's NotReady nodes is replaced.
+    pub max_unready_group_percent: u8,
     /// NotReady nodes replaced (or Nodes without a machine deleted) per pass at most, whatever
     /// the guard says: a wave of failures is worked off slowly.
     pub max_unready_repairs_per_pass: u32,
@@ -548,6 +552,8 @@ impl Default for ScalerSettings {
             // cluster-autoscaler's defaults.
             max_unready_percent: 45,
             ok_unready_count: 3,
+            // Karpenter's node repair threshold per NodePool.
+            max_unready_group_percent: 20,
             max_unready_repairs_per_pass: 3,
             // cluster-autoscaler's initial node-group back-off.
             backoff_initial: Duration::from_secs(300),

@@ -188,9 +188,11 @@ pub enum Action {
     /// The cluster-health guard holds: too many nodes are NotReady at once to take them for
     /// broken machines, so none is replaced, no Node deleted and nothing scaled down.
     GuardHolds {
+        /// The node group whose guard holds; `None`: the whole cluster's.
+        group: Option<String>,
         /// NotReady nodes (booting ones aside).
         unready: u32,
-        /// All nodes.
+        /// All nodes (of the group).
         total: u32,
         /// Repairs and Node deletions held back this pass.
         held: u32,
@@ -857,6 +859,7 @@ pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action
 /// the cluster-health guard holds (`guard`: NotReady and total nodes), no NotReady node is
 /// replaced and no Node deleted; otherwise at most `max_unready_repairs_per_pass` of them.
 fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, guard: Option<(u32, u32)>) {
+    let groups = unready_by_group(cx);
     let mut budget = UnreadyBudget {
         left: if guard.is_some() {
             0
@@ -864,29 +867,80 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, guard: Option<(u32, u32)>) 
             cx.s.max_unready_repairs_per_pass
         },
         held: 0,
+        cluster_guard: guard.is_some(),
+        group_held: groups.iter().map(|g| g.holds.then_some(0)).collect(),
     };
     let failures = repair_machines(cx, plan, &mut budget);
     delete_machineless_nodes(cx, plan, &mut budget);
     if let Some((unready, total)) = guard {
         plan.actions.push(Action::GuardHolds {
+            group: None,
             unready,
             total,
             held: budget.held,
         });
+    } else {
+        for (gi, g) in groups.iter().enumerate() {
+            if let Some(held) = budget.group_held[gi] {
+                plan.actions.push(Action::GuardHolds {
+                    group: Some(cx.s.groups[gi].name.clone()),
+                    unready: g.unready,
+                    total: g.total,
+                    held,
+                });
+            }
+        }
     }
     back_offs(cx, plan, &failures);
 }
 
-/// NotReady repairs and Node deletions still allowed this pass, and those held back.
+/// One group's NotReady nodes (booting ones aside) among its nodes, and whether the per-group
+/// guard holds: more than one NotReady *and* more than `max_unready_group_percent` % of them.
+struct GroupHealth {
+    unready: u32,
+    total: u32,
+    holds: bool,
+}
+
+fn unready_by_group(cx: &Context<'_>) -> Vec<GroupHealth> {
+    let mut counts = vec![(0u32, 0u32); cx.s.groups.len()];
+    for n in &cx.snap.nodes {
+        if let Some(&gi) = n.group().and_then(|g| cx.groups.get(g)) {
+            counts[gi].1 += 1;
+            counts[gi].0 += u32::from(!n.ready && !n.booting());
+        }
+    }
+    let pct = u64::from(cx.s.max_unready_group_percent);
+    counts
+        .into_iter()
+        .map(|(unready, total)| GroupHealth {
+            unready,
+            total,
+            holds: unready > 1 && u64::from(unready) * 100 > pct * u64::from(total),
+        })
+        .collect()
+}
+
+/// NotReady repairs and Node deletions still allowed this pass, and those held back: by the
+/// per-pass cap and the cluster guard (`held`), or by a group's guard (`group_held`, `Some`
+/// for each group whose guard holds).
 struct UnreadyBudget {
     left: u32,
     held: u32,
+    cluster_guard: bool,
+    group_held: Vec<Option<u32>>,
 }
 
 impl UnreadyBudget {
-    /// Takes one, or counts it as held.
-    fn take(&mut self) -> bool {
-        if self.left == 0 {
+    /// Takes one for group `gi`, or counts it as held.
+    fn take(&mut self, gi: usize) -> bool {
+        if self.cluster_guard {
+            self.held += 1;
+            false
+        } else if let Some(Some(held)) = self.group_held.get_mut(gi) {
+            *held += 1;
+            false
+        } else if self.left == 0 {
             self.held += 1;
             false
         } else {
@@ -932,7 +986,7 @@ fn repair_machines<'a>(
             }
             Some(_) => None,
         };
-        if reason == Some(RepairReason::Unready) && !budget.take() {
+        if reason == Some(RepairReason::Unready) && !budget.take(gi) {
             continue;
         }
         if let Some(reason) = reason {
@@ -982,7 +1036,7 @@ fn delete_machineless_nodes<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, budget: &
         if n.ready_transition
             .or(n.created)
             .is_some_and(|since| elapsed(now, since) >= s.unready_delete_time)
-            && budget.take()
+            && budget.take(gi)
         {
             repaired.insert(n.name.as_str());
             size[gi] = size[gi].saturating_sub(1);

@@ -654,10 +654,14 @@ impl<P: Provider + 'static> Inner<P> {
                     backoff.remove(group);
                 }
                 Action::GuardHolds {
+                    group,
                     unready,
                     total,
                     held,
-                } => self.guard_event(guard_note(*unready, *total, *held)).await,
+                } => {
+                    self.guard_event(guard_note(group.as_deref(), *unready, *total, *held))
+                        .await
+                }
                 Action::DeleteNode {
                     group,
                     node,
@@ -1141,10 +1145,11 @@ impl<P: Provider + 'static> Inner<P> {
             leader: &self.opts.identity,
             guard: actions.iter().find_map(|a| match a {
                 Action::GuardHolds {
+                    group,
                     unready,
                     total,
                     held,
-                } => Some(guard_note(*unready, *total, *held)),
+                } => Some(guard_note(group.as_deref(), *unready, *total, *held)),
                 _ => None,
             }),
             pending_unschedulable_pods: pending,
@@ -1244,22 +1249,34 @@ struct GroupStatus {
 }
 
 /// One line for the guard's status, Event and log.
-fn guard_note(unready: u32, total: u32, held: u32) -> String {
-    format!(
-        "{unready} of {total} nodes NotReady, more than the cluster-health guard tolerates \
-         (max_unready_percent, ok_unready_count): taken for a partition or an API server \
-         outage, not broken machines; {held} repairs held back, no scale-down until fewer \
-         are NotReady"
-    )
+fn guard_note(group: Option<&str>, unready: u32, total: u32, held: u32) -> String {
+    match group {
+        None => format!(
+            "{unready} of {total} nodes NotReady, more than the cluster-health guard tolerates \
+             (max_unready_percent, ok_unready_count): taken for a partition or an API server \
+             outage, not broken machines; {held} repairs held back, no scale-down until fewer \
+             are NotReady"
+        ),
+        Some(g) => format!(
+            "{unready} of node group {g}'s {total} nodes NotReady, more than its guard tolerates \
+             (max_unready_group_percent): taken for a fault of the group, not broken machines; \
+             {held} of its repairs held back until fewer are NotReady"
+        ),
+    }
 }
 
 fn log_action(a: &Action, dry_run: bool) {
     match a {
         Action::GuardHolds {
+            group,
             unready,
             total,
             held,
-        } => warn!(dry_run, "{}", guard_note(*unready, *total, *held)),
+        } => warn!(
+            dry_run,
+            "{}",
+            guard_note(group.as_deref(), *unready, *total, *held)
+        ),
         Action::ScaleUp {
             group,
             count,

@@ -2234,6 +2234,7 @@ fn the_cluster_health_guard_holds_when_many_nodes_are_unready() {
     assert_eq!(unready_repairs(&a), 0, "{a:?}");
     assert!(
         a.contains(&Action::GuardHolds {
+            group: None,
             unready: 6,
             total: 8,
             held: 6
@@ -2253,14 +2254,19 @@ fn the_cluster_health_guard_holds_when_many_nodes_are_unready() {
     let a = decide(&fleet(8, 1), at(60), &s);
     assert_eq!(unready_repairs(&a), 1, "{a:?}");
     assert!(!a.iter().any(|a| matches!(a, Action::GuardHolds { .. })));
-    // Three of four: 75%, but no more than ok_unready_count: replaced.
-    assert_eq!(unready_repairs(&decide(&fleet(4, 3), at(60), &s)), 3);
+    // Three of four: 75%, but no more than ok_unready_count: the cluster's guard lets them be
+    // replaced (the group's own guard, below, would not: it is set aside here).
+    let mut loose = s.clone();
+    loose.max_unready_group_percent = 100;
+    assert_eq!(unready_repairs(&decide(&fleet(4, 3), at(60), &loose)), 3);
 }
 
 /// Below the guard's threshold, a wave of NotReady nodes is worked off a few per pass.
 #[test]
 fn unready_repairs_per_pass_are_capped() {
-    let s = settings(vec![group("web", 0, 30)]);
+    let mut s = settings(vec![group("web", 0, 30)]);
+    // The group's own guard (25% > 20%) is set aside: this is about the per-pass cap.
+    s.max_unready_group_percent = 100;
     // 5 of 20: 25%, under the guard's 45%.
     let a = decide(&fleet(20, 5), at(60), &s);
     assert_eq!(
@@ -2439,4 +2445,57 @@ fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
         }
         (t, p) => *t = p.clone(),
     }
+}
+
+/// A fault confined to one node group (a bad image or kubelet rollout in that pool, its rack's
+/// switch) makes several of its nodes NotReady while the cluster looks healthy: the group's own
+/// guard (Karpenter's node repair stops above 20% of a pool) holds that group's repairs and says
+/// why; another group's single broken node is still replaced.
+#[test]
+fn a_group_guard_holds_the_repairs_of_a_group_mostly_unready() {
+    let s = settings(vec![group("web", 0, 20), group("api", 0, 20)]);
+    let mut snap = Snapshot::default();
+    for i in 0..10 {
+        member(&mut snap, &format!("web{i}"), "web");
+        member(&mut snap, &format!("api{i}"), "api");
+    }
+    let mut unready = |name: &str| {
+        let n = snap
+            .nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .expect("node");
+        n.ready = false;
+        n.ready_transition = Some(t0());
+    };
+    for n in ["web0", "web1", "web2", "api0"] {
+        unready(n);
+    }
+    // 4 of 20 NotReady: 20%, below the cluster's guard.
+    assert_eq!(unhealthy(&snap, &s), None);
+    let a = decide(&snap, at(60), &s);
+    let repaired: Vec<&str> = a
+        .iter()
+        .filter_map(|a| match a {
+            Action::Repair { node, .. } => node.as_deref(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(repaired, ["api0"], "{a:?}");
+    assert!(
+        a.contains(&Action::GuardHolds {
+            group: Some("web".into()),
+            unready: 3,
+            total: 10,
+            held: 3,
+        }),
+        "the group's guard says why: {a:?}"
+    );
+    // One NotReady node alone is a broken machine however small its group.
+    let mut small = Snapshot::default();
+    member(&mut small, "solo0", "web");
+    member(&mut small, "solo1", "web");
+    small.nodes[0].ready = false;
+    small.nodes[0].ready_transition = Some(t0());
+    assert_eq!(unready_repairs(&decide(&small, at(60), &s)), 1);
 }
