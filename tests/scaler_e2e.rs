@@ -1109,3 +1109,50 @@ async fn the_scaler_tells_systemd_it_is_ready_and_alive() {
         "no steady WATCHDOG=1 (WatchdogSec=1s): {said:?}"
     );
 }
+
+/// Every machine gets a bootstrap token of its own: a user-data blob leaked from one machine (a
+/// metadata service, a console log) joins that machine's name and nothing else. Before, one
+/// token served a whole batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_machine_has_a_bootstrap_token_of_its_own() {
+    let env = env(|_| {}).await;
+    let scaler = env.scaler("replica-a", false).await;
+    let task = tokio::spawn(async move {
+        scaler
+            .run(std::future::pending())
+            .await
+            .expect("scaler runs");
+    });
+    // Groups offer 4 cores: three pods of 3 cores need three machines, made in one pass.
+    env.pod("load-0", "3");
+    env.pod("load-1", "3");
+    env.pod("load-2", "3");
+    wait_for("three machines", Duration::from_secs(20), || {
+        env.servers().len() >= 3
+    })
+    .await;
+    task.abort();
+    let tokens: std::collections::BTreeSet<String> = env
+        .servers()
+        .iter()
+        .map(|s| {
+            let id = s["id"].as_u64().expect("id");
+            let data = env.cherry.user_data(id).expect("user data");
+            cherry_emulator::machines::find_bootstrap_token(&data)
+                .map(|(id, secret)| format!("{id}.{secret}"))
+                .expect("a token in the user data")
+        })
+        .collect();
+    assert_eq!(
+        tokens.len(),
+        env.servers().len(),
+        "tokens shared: {tokens:?}"
+    );
+    let secrets = env
+        .kube
+        .list("secrets", Some("kube-system"))
+        .into_iter()
+        .filter(|s| s["type"] == json!("bootstrap.kubernetes.io/token"))
+        .count();
+    assert_eq!(secrets, tokens.len(), "one token Secret per machine");
+}

@@ -842,6 +842,8 @@ impl<P: Provider + 'static> Inner<P> {
         }
     }
 
+    /// Creates `count` machines of `group`, each with a bootstrap token of its own, and
+    /// returns how many the provider accepted; refused creates back the group off.
     async fn scale_up(
         &self,
         group: &str,
@@ -860,71 +862,24 @@ impl<P: Provider + 'static> Inner<P> {
         let ttl = jiff::SignedDuration::try_from(self.settings.token_ttl)
             .unwrap_or(jiff::SignedDuration::from_secs(3600));
         let expires = now.checked_add(ttl).unwrap_or(now);
-        // Once per batch: a token and its machines are one act.
+        // Once per batch: its tokens and machines are one act.
         if !self
             .fenced(group, &format!("create {count} machine(s)"))
             .await
         {
             return 0;
         }
-        let token = match token::mint(
-            &self.client,
-            expires,
-            &self.settings.token_extra_groups,
-            group,
-        )
-        .await
-        {
-            Ok(t) => t,
-            Err(e) => {
-                self.metrics
-                    .failures
-                    .get_or_create(&metrics::failure(group, "token"))
-                    .inc();
-                error!(group, error = %e, "cannot mint a bootstrap token; no machines created");
-                return 0;
-            }
-        };
-        info!(group, count, token_id = %token.id, "scaling up");
-        // Each machine is rendered just before its create, so the first request leaves after
-        // one render rather than after the whole batch's.
-        let spec = |()| -> Result<CreateSpec> {
-            let values = build_values(
-                &self.values_path,
-                &self.values_text,
-                g,
-                &self.settings,
-                &token,
-            )?;
-            let user_data = crate::render::render(&template.name, &template.text, &values)
-                .map_err(|source| Error::Render {
-                    group: group.to_string(),
-                    source,
-                })?;
-            Ok(CreateSpec {
-                group: group.to_string(),
-                hostname: values.hostname.clone(),
-                plan: g.plan.clone(),
-                region: g.region.clone(),
-                image: g.image.clone(),
-                ssh_keys: g.ssh_keys.clone(),
-                user_data: Secret::new(user_data),
-                tags: BTreeMap::from([
-                    (CLUSTER_TAG.to_string(), self.settings.cluster_name.clone()),
-                    (POOL_TAG.to_string(), group.to_string()),
-                ]),
-                cherry: g.cherry.clone(),
-            })
-        };
+        info!(group, count, "scaling up");
         let first_sent = Mutex::new(None::<Duration>);
         let results: Vec<
             std::result::Result<(String, provider::Result<model::MachineView>), Error>,
         > = futures::stream::iter(std::iter::repeat_n((), count as usize))
             .map(|()| {
-                let prepared = spec(());
                 let first_sent = &first_sent;
                 async move {
-                    let spec = prepared?;
+                    // Minted and rendered just before its create, so the first request
+                    // leaves after one mint and one render rather than the whole batch's.
+                    let spec = self.prepare(g, template, expires).await?;
                     lock(first_sent).get_or_insert_with(|| started.elapsed());
                     let host = spec.hostname.clone();
                     Ok((host, self.provider.create(&spec).await))
@@ -936,17 +891,98 @@ impl<P: Provider + 'static> Inner<P> {
         if let Some(d) = *lock(&first_sent) {
             first_create.get_or_insert(d);
         }
-        let mut created = 0;
-        let mut refused = 0;
+        let (created, refused) = self.tally(group, results);
+        // Refused creates (4xx such as quota) count as failed machines: decide's rule says how
+        // long the group waits.
+        if let Some(Action::BackOff {
+            failures, until, ..
+        }) = decide::back_off(
+            group,
+            backoff.get(group).copied(),
+            refused,
+            now,
+            &self.settings,
+        ) {
+            backoff.insert(
+                group.to_string(),
+                Backoff {
+                    failures,
+                    last_failure: Some(now),
+                    until: Some(until),
+                },
+            );
+        }
+        created
+    }
+
+    /// One machine's create request: a bootstrap token of its own (one leaked user-data blob
+    /// joins one machine), and the group's template rendered with it.
+    async fn prepare(
+        &self,
+        g: &GroupSettings,
+        template: &GroupTemplate,
+        expires: Timestamp,
+    ) -> Result<CreateSpec> {
+        let group = g.name.as_str();
+        let token = token::mint(
+            &self.client,
+            expires,
+            &self.settings.token_extra_groups,
+            group,
+        )
+        .await?;
+        let values = build_values(
+            &self.values_path,
+            &self.values_text,
+            g,
+            &self.settings,
+            &token,
+        )?;
+        let user_data =
+            crate::render::render(&template.name, &template.text, &values).map_err(|source| {
+                Error::Render {
+                    group: group.to_string(),
+                    source,
+                }
+            })?;
+        info!(group, hostname = %values.hostname, token_id = %token.id, "machine prepared");
+        Ok(CreateSpec {
+            group: group.to_string(),
+            hostname: values.hostname.clone(),
+            plan: g.plan.clone(),
+            region: g.region.clone(),
+            image: g.image.clone(),
+            ssh_keys: g.ssh_keys.clone(),
+            user_data: Secret::new(user_data),
+            tags: BTreeMap::from([
+                (CLUSTER_TAG.to_string(), self.settings.cluster_name.clone()),
+                (POOL_TAG.to_string(), group.to_string()),
+            ]),
+            cherry: g.cherry.clone(),
+        })
+    }
+
+    /// Counts and reports a batch's outcomes: `(created, refused for good)`.
+    fn tally(
+        &self,
+        group: &str,
+        results: Vec<std::result::Result<(String, provider::Result<model::MachineView>), Error>>,
+    ) -> (u32, u32) {
+        let (mut created, mut refused) = (0, 0);
         for result in results {
             let (host, r) = match result {
                 Ok(pair) => pair,
                 Err(e) => {
+                    let kind = if matches!(e, Error::Token(_)) {
+                        "token"
+                    } else {
+                        "render"
+                    };
                     self.metrics
                         .failures
-                        .get_or_create(&metrics::failure(group, "render"))
+                        .get_or_create(&metrics::failure(group, kind))
                         .inc();
-                    error!(group, error = %e, "cannot prepare a machine");
+                    error!(group, error = %e, "cannot prepare a machine; it is not created");
                     continue;
                 }
             };
@@ -971,27 +1007,7 @@ impl<P: Provider + 'static> Inner<P> {
                 }
             }
         }
-        // Refused creates (4xx such as quota) count as failed machines: decide's rule says how
-        // long the group waits.
-        if let Some(Action::BackOff {
-            failures, until, ..
-        }) = decide::back_off(
-            group,
-            backoff.get(group).copied(),
-            refused,
-            now,
-            &self.settings,
-        ) {
-            backoff.insert(
-                group.to_string(),
-                Backoff {
-                    failures,
-                    last_failure: Some(now),
-                    until: Some(until),
-                },
-            );
-        }
-        created
+        (created, refused)
     }
 
     async fn scale_down(&self, group: &str, node: &str, machine: &str) {
