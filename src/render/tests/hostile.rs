@@ -243,3 +243,62 @@ fn render_filter(s: &str) -> String {
     let out = render("f", "{{ extra.v | shell_quote }}", &values).expect("quotes");
     out.strip_suffix('\n').unwrap_or(&out).to_string()
 }
+
+/// The bootstrap script, run by `sh` with the machine's commands stubbed, leaves the token
+/// nowhere: the JoinConfiguration is deleted and cloud-init's copies of the user data (text and
+/// the pickled datasource) have the token overwritten in place, each file keeping its size.
+#[test]
+fn the_bootstrap_script_scrubs_the_token_from_cloud_inits_copies() {
+    let values = values_with("node_group=web").expect("benign");
+    let out = render("w", TEMPLATE, &values).expect("renders");
+    let doc: serde_norway::Value = serde_norway::from_str(&out).expect("valid YAML");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cloud = dir.path().join("var-lib-cloud");
+    let instance = cloud.join("instances/i-1");
+    std::fs::create_dir_all(&instance).expect("cloud dirs");
+    std::fs::write(instance.join("user-data.txt"), &out).expect("user-data.txt");
+    let mut pickle = b"\x80\x04\x95userdata_raw\x94".to_vec();
+    pickle.extend_from_slice(out.as_bytes());
+    pickle.extend_from_slice(b"\x00\x94.");
+    std::fs::write(instance.join("obj.pkl"), &pickle).expect("obj.pkl");
+    let join_config = dir.path().join("kubeadm-join.yaml");
+    let join = doc["write_files"]
+        .as_sequence()
+        .and_then(|s| s.iter().find(|f| f["path"].as_str() == Some(JOIN_CONFIG)))
+        .and_then(|f| f["content"].as_str())
+        .expect("the JoinConfiguration");
+    std::fs::write(&join_config, join).expect("join config");
+    // The script as cloud-init would run it, its paths moved into the scratch directory.
+    let mut doc = doc.clone();
+    let script = doc["write_files"]
+        .as_sequence_mut()
+        .and_then(|s| {
+            s.iter_mut()
+                .find(|f| f["path"].as_str() == Some(SCRIPT_PATH))
+        })
+        .expect("the script");
+    let text = script["content"]
+        .as_str()
+        .expect("content")
+        .replace("/var/lib/cloud", &cloud.display().to_string());
+    script["content"] = text.into();
+    let _calls = run_script(&doc, dir.path());
+    assert!(
+        !join_config.exists(),
+        "the JoinConfiguration outlived the script"
+    );
+    for (file, size) in [("user-data.txt", out.len()), ("obj.pkl", pickle.len())] {
+        let bytes = std::fs::read(instance.join(file)).expect(file);
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains(TOKEN), "the token is still in {file}");
+        assert!(
+            !text.contains("0123456789abcdef"),
+            "its secret half is still in {file}"
+        );
+        assert!(
+            text.contains("xxxxxx.xxxxxxxxxxxxxxxx"),
+            "{file} was not overwritten in place"
+        );
+        assert_eq!(bytes.len(), size, "{file} changed size");
+    }
+}
