@@ -818,6 +818,43 @@ async fn logind_api_unreachable_during_shutdown_releases_the_lock_by_the_deadlin
     h.shutdown().await;
 }
 
+/// The API server freezes (accepts, never answers) while the agent is writing its readiness
+/// condition from the loop that also answers logind. At PrepareForShutdown that write must not
+/// hold the answer: the lock goes by the drain deadline plus one request's deadline, not at
+/// logind's cap (kube's default read timeout would have held it for 295 s).
+#[tokio::test]
+async fn logind_a_frozen_api_server_does_not_hold_the_shutdown_answer() {
+    let cap = Duration::from_secs(60);
+    let (h, emu, agent) = holding_the_lock(cap, 0, "2s").await;
+    agent
+        .wait_status("every gate but flannel's file passing", |s| {
+            s.node_registered
+                && s.phase == nodeward::agent::state::Phase::Gated
+                && s.gates.iter().all(|g| {
+                    g.gate.starts_with("file") || g.state == nodeward::gate::GateState::Pass
+                })
+        })
+        .await;
+    emu.set_latency(Duration::from_secs(600));
+    // Gates pass: the agent writes its condition, and that request hangs.
+    agent.write_flannel();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t0 = Instant::now();
+    h.power_off().await.expect("PowerOff");
+    h.wait_for_inhibitors(cap, |l| ours(l) == 0)
+        .await
+        .expect("lock released");
+    let released = t0.elapsed();
+    let bound = Duration::from_secs(2) + nodeward::agent::REQUEST_DEADLINE + Duration::from_secs(3);
+    assert!(
+        released < bound,
+        "released {released:?} after PrepareForShutdown, past the drain deadline plus one request deadline ({bound:?})\n{}",
+        agent.log_text()
+    );
+    emu.set_latency(Duration::ZERO);
+    h.shutdown().await;
+}
+
 /// SIGTERM means "the service is stopping" (a package upgrade), not a shutdown: the lock is
 /// closed, the process exits 0, and nothing is drained or cordoned.
 #[tokio::test]

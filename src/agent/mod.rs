@@ -58,6 +58,12 @@ use status::{DrainSummary, ShutdownOutcome, Status};
 /// First wait before reconnecting to the bus or retrying the lock; doubles up to
 /// [`LOGIND_RETRY_MAX`]. The bus being gone has no event to wait for, and the lock must be back
 /// within about a second of logind or the bus returning.
+/// How long each of the agent's Kubernetes requests may wait for its answer to begin. Its event
+/// loop both makes requests (the readiness condition, the cordon) and answers logind; a request
+/// under way when PrepareForShutdown arrives delays the drain by at most this. The agent's
+/// requests are small (one Node, one eviction), so a third of the general deadline.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+
 const LOGIND_RETRY_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between reconnection attempts: keeps "lock back within about a second".
 const LOGIND_RETRY_MAX: Duration = Duration::from_secs(1);
@@ -382,8 +388,34 @@ impl Agent {
             let watch_deadline = !self.overdue_reported && self.phase.gates_act();
             let ready_pending = !self.notified_ready;
             tokio::select! {
+                // In this order, before anything that may call the API server: logind's
+                // announcement of a shutdown is never kept waiting behind a retry of a
+                // reconcile that a frozen API server holds (each call bounded by
+                // REQUEST_DEADLINE), as a random pick among ready branches could.
+                biased;
                 _ = sigterm.recv() => { info!("SIGTERM: the service is stopping (not a shutdown); releasing the lock without draining"); break; }
                 _ = sigint.recv() => { info!("SIGINT: stopping; releasing the lock without draining"); break; }
+                ev = next_or_pending(&mut logind_events) => match ev {
+                    Some(ev) => {
+                        if let Some(d) = self.on_logind(ev).await {
+                            drain = Some(d);
+                            // The drain unit's ExecStop waits for the outcome in the status
+                            // file, which must say "draining" before the unit is stopped.
+                            self.publish();
+                            self.stop_drain_unit();
+                        }
+                        if matches!(self.phase, Phase::Gated | Phase::Ready) && drain.is_some() {
+                            // A cancelled shutdown: stop draining.
+                            drain = None;
+                        }
+                    }
+                    None => {
+                        warn!("lost the D-Bus connection; reconnecting");
+                        self.logind = None;
+                        logind_events = None;
+                        self.logind_retry_at = Some(Instant::now() + self.logind_backoff);
+                    }
+                },
                 Some(()) = file_rx.recv() => {
                     while file_rx.try_recv().is_ok() {}
                     files.rearm()?;
@@ -441,27 +473,6 @@ impl Agent {
                     }
                     self.reconcile().await;
                 }
-                ev = next_or_pending(&mut logind_events) => match ev {
-                    Some(ev) => {
-                        if let Some(d) = self.on_logind(ev).await {
-                            drain = Some(d);
-                            // The drain unit's ExecStop waits for the outcome in the status
-                            // file, which must say "draining" before the unit is stopped.
-                            self.publish();
-                            self.stop_drain_unit();
-                        }
-                        if matches!(self.phase, Phase::Gated | Phase::Ready) && drain.is_some() {
-                            // A cancelled shutdown: stop draining.
-                            drain = None;
-                        }
-                    }
-                    None => {
-                        warn!("lost the D-Bus connection; reconnecting");
-                        self.logind = None;
-                        logind_events = None;
-                        self.logind_retry_at = Some(Instant::now() + self.logind_backoff);
-                    }
-                },
                 summary = async { match drain.as_mut() { Some(d) => d.await, None => std::future::pending().await } } => {
                     drain = None;
                     self.drain_ended(summary);
@@ -588,7 +599,7 @@ impl Agent {
             return;
         };
         let state = if path.exists() {
-            match crate::kube_client::client(Some(&path)).await {
+            match crate::kube_client::client_with_deadline(Some(&path), REQUEST_DEADLINE).await {
                 Ok(c) => {
                     info!(kubeconfig = %path.display(), "kubeconfig loaded; watching the Node");
                     self.client = Some(c);
