@@ -38,6 +38,10 @@ fn parse_scaled(s: &str, scale: i32) -> Option<i64> {
     let mantissa = int.bytes().chain(frac.bytes()).try_fold(0i128, |m, b| {
         m.checked_mul(10)?.checked_add(i128::from(b - b'0'))
     })?;
+    if mantissa == 0 {
+        // Zero times any power is zero, also one too large to compute (the fuzzer's "0E36").
+        return Some(0);
+    }
     let frac_len = i32::try_from(frac.len()).ok()?;
     let ten = ten.checked_add(scale)?.checked_sub(frac_len)?;
     let value = mantissa.checked_mul(2i128.checked_pow(two)?);
@@ -196,6 +200,9 @@ mod tests {
             ("1Ei", Some(i64::MAX)),
             ("1e400", Some(i64::MAX)),
             ("1e-400", Some(1)),
+            // Found by the fuzzer: zero stays zero however large its exponent.
+            ("0E36", Some(0)),
+            ("0e400", Some(0)),
         ];
         for (s, want) in cases {
             assert_eq!(parse_milli(s), *want, "{s}");
