@@ -91,13 +91,8 @@ mod tests {
         });
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"http://127.0.0.1:{port}\"}}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
-            ),
-        )
-        .expect("kubeconfig");
+        kube_emulator::write_kubeconfig(&kubeconfig, &format!("http://127.0.0.1:{port}"))
+            .expect("kubeconfig");
         let client = client_with_deadline(Some(&kubeconfig), Duration::from_millis(500))
             .await
             .expect("client");

@@ -417,13 +417,8 @@ fn drain_ends_by_its_deadline_when_the_api_server_never_answers() {
     let port = listener.local_addr().expect("addr").port();
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"http://127.0.0.1:{port}\"}}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
-        ),
-    )
-    .expect("kubeconfig");
+    kube_emulator::write_kubeconfig(&kubeconfig, &format!("http://127.0.0.1:{port}"))
+        .expect("kubeconfig");
     let kubeconfig = kubeconfig.to_str().expect("utf-8 path");
     let started = std::time::Instant::now();
     let mut child = Command::cargo_bin("nodeward")

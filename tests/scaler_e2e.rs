@@ -686,21 +686,11 @@ async fn a_replica_whose_lease_was_taken_deletes_no_machine() {
     .await;
     assert_eq!(env.servers().len(), 1);
     // Another replica takes the Lease (as one whose clock says replica-a's renewal expired).
-    env.kube
-        .modify("leases", Some("kube-system"), "nodeward-scaler", |l| {
-            l["spec"]["holderIdentity"] = json!("replica-b");
-            l["spec"]["leaseTransitions"] = json!(1);
-        })
-        .expect("lease taken");
+    take_lease(&env);
     env.kube
         .delete_with_grace("pods", Some("default"), "load-0", Some(0))
         .expect("delete pod");
-    let fenced = || {
-        metrics
-            .failures
-            .get_or_create(&nodeward::scaler::metrics::failure("web", "fenced"))
-            .get()
-    };
+    let fenced = || fenced_count(&metrics);
     wait_for(
         "the scale-down to reach its delete",
         Duration::from_secs(20),
@@ -740,19 +730,9 @@ async fn a_replica_whose_lease_was_taken_creates_no_machine() {
             == Some(json!("replica-a"))
     })
     .await;
-    env.kube
-        .modify("leases", Some("kube-system"), "nodeward-scaler", |l| {
-            l["spec"]["holderIdentity"] = json!("replica-b");
-            l["spec"]["leaseTransitions"] = json!(1);
-        })
-        .expect("lease taken");
+    take_lease(&env);
     env.pod("load-0", "1500m");
-    let fenced = || {
-        metrics
-            .failures
-            .get_or_create(&nodeward::scaler::metrics::failure("web", "fenced"))
-            .get()
-    };
+    let fenced = || fenced_count(&metrics);
     wait_for(
         "the scale-up to reach its create",
         Duration::from_secs(20),
@@ -1155,4 +1135,22 @@ async fn each_machine_has_a_bootstrap_token_of_its_own() {
         .filter(|s| s["type"] == json!("bootstrap.kubernetes.io/token"))
         .count();
     assert_eq!(secrets, tokens.len(), "one token Secret per machine");
+}
+
+/// Another identity writes the scaler's Lease, as one whose clock says the holder's expired.
+fn take_lease(env: &Env) {
+    env.kube
+        .modify("leases", Some("kube-system"), "nodeward-scaler", |l| {
+            l["spec"]["holderIdentity"] = json!("replica-b");
+            l["spec"]["leaseTransitions"] = json!(1);
+        })
+        .expect("lease taken");
+}
+
+/// Acts of group `web` refused because leadership was not confirmed.
+fn fenced_count(metrics: &nodeward::scaler::metrics::Metrics) -> u64 {
+    metrics
+        .failures
+        .get_or_create(&nodeward::scaler::metrics::failure("web", "fenced"))
+        .get()
 }

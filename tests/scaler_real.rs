@@ -150,22 +150,7 @@ package_url = "https://10.0.2.101/nodeward.{ext}"
         &cluster.service_account_kubeconfig(common::CONTROLLER_SA.0, common::CONTROLLER_SA.1),
         &[],
     );
-    let scaler_client =
-        common::client(&cluster.service_account_kubeconfig("kube-system", "nodeward-scaler")).await;
-    let provider =
-        nodeward::scaler::provider_from_settings(&settings.scaler, Some(API_TOKEN.into()))
-            .expect("provider");
-    let scaler = nodeward::scaler::run::Scaler::new(
-        scaler_client,
-        provider,
-        &settings,
-        nodeward::scaler::run::RunOptions {
-            dry_run: false,
-            identity: "real-e2e".into(),
-        },
-    )
-    .await
-    .expect("scaler starts");
+    let scaler = common::real_scaler(&cluster, &settings, API_TOKEN, "real-e2e").await;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let scaler_task = tokio::spawn(async move {
         scaler

@@ -215,22 +215,7 @@ async fn agent_and_scaler_survive_a_schedule_of_faults() {
     let mut g = common::scaler_group(&group, MACHINES);
     g.min = MACHINES;
     s.groups = vec![g];
-    let scaler_client =
-        common::client(&cluster.service_account_kubeconfig("kube-system", "nodeward-scaler")).await;
-    let provider =
-        nodeward::scaler::provider_from_settings(&settings.scaler, Some(API_TOKEN.into()))
-            .expect("provider");
-    let scaler = nodeward::scaler::run::Scaler::new(
-        scaler_client,
-        provider,
-        &settings,
-        nodeward::scaler::run::RunOptions {
-            dry_run: false,
-            identity: "soak".into(),
-        },
-    )
-    .await
-    .expect("scaler starts");
+    let scaler = common::real_scaler(&cluster, &settings, API_TOKEN, "soak").await;
     let metrics = scaler.metrics();
     let scaler_task = tokio::spawn(async move {
         scaler

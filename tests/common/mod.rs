@@ -594,3 +594,29 @@ impl Drop for Paused {
         let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
     }
 }
+
+/// The scaler as its ServiceAccount (`kube-system/nodeward-scaler`, the shipped RBAC) on the
+/// real control plane, with `settings` and the Cherry Servers token `cherry_token`.
+pub async fn real_scaler(
+    cluster: &Cluster,
+    settings: &nodeward::config::Settings,
+    cherry_token: &str,
+    identity: &str,
+) -> nodeward::scaler::run::Scaler<nodeward::scaler::provider::AnyProvider> {
+    let client =
+        client(&cluster.service_account_kubeconfig("kube-system", "nodeward-scaler")).await;
+    let provider =
+        nodeward::scaler::provider_from_settings(&settings.scaler, Some(cherry_token.into()))
+            .expect("provider");
+    nodeward::scaler::run::Scaler::new(
+        client,
+        provider,
+        settings,
+        nodeward::scaler::run::RunOptions {
+            dry_run: false,
+            identity: identity.into(),
+        },
+    )
+    .await
+    .expect("scaler starts")
+}
