@@ -300,4 +300,83 @@ mod tests {
         assert_eq!(t.first_where(&r(200), |_| Probe::Stop), None);
         assert_eq!(t.first_where(&r(1000), |_| Probe::Take), None);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn res([cpu_milli, memory, pods]: [i64; 3]) -> Resources {
+            Resources {
+                cpu_milli,
+                memory,
+                pods,
+                ..Resources::default()
+            }
+        }
+
+        /// An update to the places: set place `i` (mod len) free to `room`, or close it.
+        #[derive(Debug, Clone)]
+        enum Change {
+            Set(usize, [i64; 3]),
+            Close(usize),
+        }
+
+        fn room() -> impl Strategy<Value = [i64; 3]> {
+            [0i64..8, 0i64..8, 0i64..4]
+        }
+
+        fn change() -> impl Strategy<Value = Change> {
+            prop_oneof![
+                (any::<usize>(), room()).prop_map(|(i, r)| Change::Set(i, r)),
+                any::<usize>().prop_map(Change::Close),
+            ]
+        }
+
+        proptest! {
+            /// After any pushes, sets and closes, `first` answers as a linear scan does: the
+            /// first open place at or after `from` whose CPU, memory and pods all hold the need,
+            /// so packing never puts a pod where it does not fit, nor passes over one where it does.
+            #[test]
+            fn first_is_the_first_that_fits(
+                places in prop::collection::vec(room(), 0..40),
+                changes in prop::collection::vec(change(), 0..20),
+                need in room(),
+                from in 0usize..45,
+            ) {
+                let mut tree = FirstFit::default();
+                let mut reference: Vec<Option<[i64; 3]>> = Vec::new();
+                for p in &places {
+                    tree.push(&res(*p));
+                    reference.push(Some(*p));
+                }
+                for c in &changes {
+                    if reference.is_empty() {
+                        break;
+                    }
+                    match c {
+                        Change::Set(i, r) => {
+                            let i = i % reference.len();
+                            tree.set(i, &res(*r));
+                            reference[i] = Some(*r);
+                        }
+                        Change::Close(i) => {
+                            let i = i % reference.len();
+                            tree.close(i);
+                            reference[i] = None;
+                        }
+                    }
+                }
+                let want = reference
+                    .iter()
+                    .enumerate()
+                    .skip(from)
+                    .find(|(_, r)| r.is_some_and(|r| holds(&r, &need)))
+                    .map(|(i, _)| i);
+                prop_assert_eq!(tree.first(from, &res(need)), want);
+                if let Some(i) = want {
+                    prop_assert!(reference[i].is_some_and(|r| holds(&r, &need)));
+                }
+            }
+        }
+    }
 }

@@ -2499,3 +2499,119 @@ fn a_group_guard_holds_the_repairs_of_a_group_mostly_unready() {
     small.nodes[0].ready_transition = Some(t0());
     assert_eq!(unready_repairs(&decide(&small, at(60), &s)), 1);
 }
+
+mod selector_properties {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    use proptest::prelude::*;
+
+    const KEYS: &[&str] = &["app", "tier", "k8s.io/zone"];
+    const VALUES: &[&str] = &["web", "db", ""];
+    const OPERATORS: &[&str] = &["In", "NotIn", "Exists", "DoesNotExist"];
+
+    fn labels() -> impl Strategy<Value = BTreeMap<String, String>> {
+        prop::collection::btree_map(
+            prop::sample::select(KEYS).prop_map(str::to_string),
+            prop::sample::select(VALUES).prop_map(str::to_string),
+            0..3,
+        )
+    }
+
+    fn expression() -> impl Strategy<Value = LabelSelectorRequirement> {
+        (
+            prop::sample::select(KEYS),
+            prop::sample::select(OPERATORS),
+            prop::collection::vec(prop::sample::select(VALUES), 0..3),
+        )
+            .prop_map(|(k, op, vs)| LabelSelectorRequirement {
+                key: k.into(),
+                operator: op.into(),
+                values: Some(vs.into_iter().map(str::to_string).collect()),
+            })
+    }
+
+    /// Kubernetes' own words: every matchLabels pair equal; In: the key is there with one of
+    /// the values; NotIn: absent or none of them; Exists; DoesNotExist.
+    fn reference(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+        let pairs = sel.match_labels.iter().flatten();
+        let exprs = sel.match_expressions.iter().flatten();
+        pairs.clone().all(|(k, v)| labels.get(k) == Some(v))
+            && exprs.clone().all(|e| {
+                let vs = e.values.clone().unwrap_or_default();
+                let v = labels.get(&e.key);
+                match e.operator.as_str() {
+                    "In" => v.is_some_and(|v| vs.contains(v)),
+                    "NotIn" => !v.is_some_and(|v| vs.contains(v)),
+                    "Exists" => v.is_some(),
+                    "DoesNotExist" => v.is_none(),
+                    _ => false,
+                }
+            })
+    }
+
+    proptest! {
+        /// The drain's budget matching and the scaler's agree with each other and with the
+        /// reference on every selector and label set: a budget never covers a pod for one and
+        /// not the other.
+        #[test]
+        fn drain_and_scaler_select_alike(
+            match_labels in labels(),
+            exprs in prop::collection::vec(expression(), 0..3),
+            pod in labels(),
+        ) {
+            let sel = LabelSelector {
+                match_labels: Some(match_labels),
+                match_expressions: Some(exprs),
+            };
+            let want = reference(&sel, &pod);
+            prop_assert_eq!(crate::drain::plan::selector_matches(&sel, &pod), want);
+            prop_assert_eq!(selector_selects(&SelectorView::from_selector(&sel), &pod), want);
+        }
+    }
+}
+
+/// Whatever is pending and however full the groups are, a pass never plans a group past its
+/// max: machines it has plus machines it asks for.
+mod packing_properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn scale_up_never_exceeds_a_groups_max(
+            maxes in prop::collection::vec(0u32..4, 1..3),
+            members in prop::collection::vec(0usize..4, 1..3),
+            pending in prop::collection::vec((100i64..5000, 1i64..20), 0..25),
+        ) {
+            let groups: Vec<_> = maxes
+                .iter()
+                .enumerate()
+                .map(|(i, m)| group(&format!("g{i}"), 0, *m))
+                .collect();
+            let s = settings(groups);
+            let mut snap = Snapshot::default();
+            let mut size = vec![0u32; maxes.len()];
+            for (gi, n) in members.iter().enumerate().take(maxes.len()) {
+                for j in 0..(*n).min(maxes[gi] as usize) {
+                    member(&mut snap, &format!("g{gi}-{j}"), &format!("g{gi}"));
+                    size[gi] += 1;
+                }
+            }
+            for (i, (cpu, mem)) in pending.iter().enumerate() {
+                snap.pods.push(pod(&format!("p{i}"), *cpu, *mem));
+            }
+            let a = decide(&snap, t0(), &s);
+            for (gi, max) in maxes.iter().enumerate() {
+                let asked: u32 = a
+                    .iter()
+                    .filter_map(|a| match a {
+                        Action::ScaleUp { group, count, .. } if *group == format!("g{gi}") => Some(*count),
+                        _ => None,
+                    })
+                    .sum();
+                prop_assert!(size[gi] + asked <= *max, "g{gi}: {} + {asked} > {max}: {a:?}", size[gi]);
+            }
+        }
+    }
+}
