@@ -16,6 +16,8 @@ pub const TARGETS: &[&str] = &[
     "quantity",
     "selector",
     "taint",
+    "cherry_response",
+    "exec_output",
 ];
 
 /// Runs target `name` on `data`; `false` for an unknown name.
@@ -27,6 +29,8 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "quantity" => quantity,
         "selector" => selector,
         "taint" => taint,
+        "cherry_response" => cherry_response,
+        "exec_output" => exec_output,
         _ => return false,
     };
     f(data);
@@ -135,4 +139,23 @@ pub fn selector(data: &[u8]) {
 /// A taint (`key[=value]:Effect`): parsed or refused.
 pub fn taint(data: &[u8]) {
     let _ = text(data).parse::<crate::validate::Taint>();
+}
+
+/// A page of the Cherry Servers API's server list: decoded or refused, never a panic; every
+/// machine it yields is of the cluster asked about and has a hostname-bearing id.
+pub fn cherry_response(data: &[u8]) {
+    if let Ok(page) = crate::scaler::provider::cherry::decode_page("prod", &text(data)) {
+        for (id, m) in page {
+            if let Some(m) = m {
+                assert_eq!(m.id, id);
+            }
+        }
+    }
+}
+
+/// An exec provider's `list` output: decoded or refused with an error naming the provider.
+pub fn exec_output(data: &[u8]) {
+    if let Err(e) = crate::scaler::provider::exec::decode_list(&text(data)) {
+        assert!(e.to_string().contains("exec"), "{e}");
+    }
 }

@@ -222,33 +222,6 @@ impl Cherry {
         }
         Ok((text, total))
     }
-
-    fn machine(&self, s: Server, action: &'static str) -> Result<Option<MachineView>> {
-        if s.tags.get(CLUSTER_TAG) != Some(&self.cluster) || GONE_STATES.contains(&s.state.as_str())
-        {
-            return Ok(None);
-        }
-        let Some(group) = s.tags.get(POOL_TAG).cloned() else {
-            return Ok(None);
-        };
-        let id = server_id(&s.id);
-        // One unreadable creation time must not fail the whole listing (no scale decision at
-        // all), nor drop the machine from it (a duplicate create). It counts as now: a machine
-        // that never registers is then never deleted on a guessed age, only reported.
-        let created = match s.created_at.as_deref().and_then(|c| c.parse().ok()) {
-            Some(t) => t,
-            None => {
-                tracing::warn!(server = %id, action, created_at = ?s.created_at, "the server has no valid created_at: counting it as created now");
-                jiff::Timestamp::now()
-            }
-        };
-        Ok(Some(MachineView {
-            id,
-            hostname: s.hostname,
-            group,
-            created,
-        }))
-    }
 }
 
 /// The most an answer may hold: a full page of servers is a few hundred kilobytes.
@@ -274,6 +247,44 @@ async fn read_body(mut resp: reqwest::Response, action: &'static str) -> Result<
         body.extend_from_slice(&chunk);
     }
     Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A server as a machine of `cluster`'s node groups, or `None` for one of another cluster, of
+/// no group, or on its way out.
+fn machine(cluster: &str, s: Server, action: &'static str) -> Option<MachineView> {
+    if s.tags.get(CLUSTER_TAG).map(String::as_str) != Some(cluster)
+        || GONE_STATES.contains(&s.state.as_str())
+    {
+        return None;
+    }
+    let group = s.tags.get(POOL_TAG).cloned()?;
+    let id = server_id(&s.id);
+    // One unreadable creation time must not fail the whole listing (no scale decision at
+    // all), nor drop the machine from it (a duplicate create). It counts as now: a machine
+    // that never registers is then never deleted on a guessed age, only reported.
+    let created = match s.created_at.as_deref().and_then(|c| c.parse().ok()) {
+        Some(t) => t,
+        None => {
+            tracing::warn!(server = %id, action, created_at = ?s.created_at, "the server has no valid created_at: counting it as created now");
+            jiff::Timestamp::now()
+        }
+    };
+    Some(MachineView {
+        id,
+        hostname: s.hostname,
+        group,
+        created,
+    })
+}
+
+/// One page of `GET /projects/{id}/servers`: each server's id, and the machine it is when it
+/// belongs to `cluster`'s node groups. Whatever the text, an error and never a panic (fuzzed).
+pub fn decode_page(cluster: &str, text: &str) -> Result<Vec<(String, Option<MachineView>)>> {
+    let servers: Vec<Server> = decode("list", text)?;
+    Ok(servers
+        .into_iter()
+        .map(|s| (server_id(&s.id), machine(cluster, s, "list")))
+        .collect())
 }
 
 /// A server id as a string (the API gives numbers; strings are kept as they are).
@@ -325,17 +336,15 @@ impl Provider for Cherry {
                     None,
                 )
                 .await?;
-            let servers: Vec<Server> = decode("list", &text)?;
-            let received = servers.len();
+            let page = decode_page(&self.cluster, &text)?;
+            let received = page.len();
             let mut new = 0;
-            for s in servers {
-                if !seen.insert(server_id(&s.id)) {
+            for (id, m) in page {
+                if !seen.insert(id) {
                     continue;
                 }
                 new += 1;
-                if let Some(m) = self.machine(s, "list")? {
-                    out.push(m);
-                }
+                out.extend(m);
             }
             match next_offset(offset, received, new, total) {
                 Some(next) => offset = next,
@@ -386,12 +395,11 @@ impl Provider for Cherry {
             )
             .await?;
         let server: Server = decode("create", &text)?;
-        self.machine(server, "create")?
-            .ok_or_else(|| Error::Decode {
-                provider: NAME,
-                action: "create",
-                message: "the created server lacks this cluster's tags".into(),
-            })
+        machine(&self.cluster, server, "create").ok_or_else(|| Error::Decode {
+            provider: NAME,
+            action: "create",
+            message: "the created server lacks this cluster's tags".into(),
+        })
     }
 
     #[instrument(skip(self), err)]

@@ -126,43 +126,57 @@ impl Exec {
         }
         String::from_utf8(output.stdout).map_err(|_| fail("wrote output that is not UTF-8".into()))
     }
+}
 
-    fn machine(
-        &self,
-        r: Reported,
-        action: &'static str,
-        fallback: Option<&CreateSpec>,
-    ) -> Result<MachineView> {
-        let decode = |message: String| Error::Decode {
-            provider: "exec",
-            action,
-            message,
-        };
-        let created = match (&r.created_at, fallback) {
-            (Some(c), _) => c.parse().map_err(|_| {
-                decode(format!(
-                    "machine {}: created_at {c:?} is not RFC 3339",
-                    r.id
-                ))
-            })?,
-            (None, Some(_)) => jiff::Timestamp::now(),
-            (None, None) => return Err(decode(format!("machine {} has no created_at", r.id))),
-        };
-        let hostname = r
-            .hostname
-            .or_else(|| fallback.map(|s| s.hostname.clone()))
-            .ok_or_else(|| decode(format!("machine {} has no hostname", r.id)))?;
-        let group = r
-            .group
-            .or_else(|| fallback.map(|s| s.group.clone()))
-            .ok_or_else(|| decode(format!("machine {} has no group", r.id)))?;
-        Ok(MachineView {
-            id: r.id,
-            hostname,
-            group,
-            created,
-        })
-    }
+/// A machine as a command reported it; `fallback` fills what a create's answer leaves out.
+fn machine(
+    r: Reported,
+    action: &'static str,
+    fallback: Option<&CreateSpec>,
+) -> Result<MachineView> {
+    let decode = |message: String| Error::Decode {
+        provider: "exec",
+        action,
+        message,
+    };
+    let created = match (&r.created_at, fallback) {
+        (Some(c), _) => c.parse().map_err(|_| {
+            decode(format!(
+                "machine {}: created_at {c:?} is not RFC 3339",
+                r.id
+            ))
+        })?,
+        (None, Some(_)) => jiff::Timestamp::now(),
+        (None, None) => return Err(decode(format!("machine {} has no created_at", r.id))),
+    };
+    let hostname = r
+        .hostname
+        .or_else(|| fallback.map(|s| s.hostname.clone()))
+        .ok_or_else(|| decode(format!("machine {} has no hostname", r.id)))?;
+    let group = r
+        .group
+        .or_else(|| fallback.map(|s| s.group.clone()))
+        .ok_or_else(|| decode(format!("machine {} has no group", r.id)))?;
+    Ok(MachineView {
+        id: r.id,
+        hostname,
+        group,
+        created,
+    })
+}
+
+/// A `list` command's output: the cluster's machines. Whatever the text, an error and never a
+/// panic (fuzzed).
+pub fn decode_list(out: &str) -> Result<Vec<MachineView>> {
+    let reported: Vec<Reported> = serde_json::from_str(out).map_err(|e| Error::Decode {
+        provider: "exec",
+        action: "list",
+        message: e.to_string(),
+    })?;
+    reported
+        .into_iter()
+        .map(|r| machine(r, "list", None))
+        .collect()
 }
 
 /// Removes anything shaped like a bootstrap token from command output before it is logged.
@@ -184,15 +198,7 @@ impl Provider for Exec {
                 json!({"action": "list", "cluster": self.cluster}),
             )
             .await?;
-        let reported: Vec<Reported> = serde_json::from_str(&out).map_err(|e| Error::Decode {
-            provider: "exec",
-            action: "list",
-            message: e.to_string(),
-        })?;
-        reported
-            .into_iter()
-            .map(|r| self.machine(r, "list", None))
-            .collect()
+        decode_list(&out)
     }
 
     #[instrument(skip(self, spec), fields(group = %spec.group, hostname = %spec.hostname), err)]
@@ -217,7 +223,7 @@ impl Provider for Exec {
             action: "create",
             message: e.to_string(),
         })?;
-        self.machine(r, "create", Some(spec))
+        machine(r, "create", Some(spec))
     }
 
     #[instrument(skip(self), err)]
