@@ -339,6 +339,9 @@ impl ScalerFragment {
         let exec = self.exec.unwrap_or_default();
         let group_defaults = self.group_defaults.unwrap_or_default();
         let pool_label = self.pool_label.unwrap_or(false);
+        let max_provision_time = self
+            .max_provision_time
+            .map_or(d.max_provision_time, |t| t.0);
         ScalerSettings {
             cluster_name: self.cluster_name.map_or(d.cluster_name, |l| l.0),
             kubeconfig: self.kubeconfig.or(d.kubeconfig),
@@ -365,9 +368,7 @@ impl ScalerFragment {
             max_empty_bulk_delete: self
                 .max_empty_bulk_delete
                 .map_or(d.max_empty_bulk_delete, |c| c.0),
-            max_provision_time: self
-                .max_provision_time
-                .map_or(d.max_provision_time, |t| t.0),
+            max_provision_time,
             unready_delete_time: self
                 .unready_delete_time
                 .map_or(d.unready_delete_time, |t| t.0),
@@ -384,7 +385,11 @@ impl ScalerFragment {
             backoff_initial: self.backoff_initial.map_or(d.backoff_initial, |t| t.0),
             backoff_max: self.backoff_max.map_or(d.backoff_max, |t| t.0),
             values: self.values.unwrap_or(d.values),
-            token_ttl: self.token_ttl.map_or(d.token_ttl, |t| t.0),
+            // Unset: as long as a machine may take to register, after which it is deleted.
+            token_ttl: self.token_ttl.map_or_else(
+                || max_provision_time.min(super::scaler::MAX_TOKEN_TTL),
+                |t| t.0,
+            ),
             token_extra_groups: self.token_extra_groups.unwrap_or(d.token_extra_groups),
             metrics_address: self.metrics_address.map_or(d.metrics_address, |a| a.0),
             namespace: self.namespace.map_or(d.namespace, |l| l.0),

@@ -439,7 +439,7 @@ impl<'de> Deserialize<'de> for Share {
 
 /// kube-apiserver refuses nothing longer, but a bootstrap token is a join credential: the issue
 /// caps its lifetime at an hour so a leaked user-data blob is useless soon after.
-const MAX_TOKEN_TTL: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_TOKEN_TTL: Duration = Duration::from_secs(3600);
 
 /// A token lifetime, at most an hour.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -561,7 +561,8 @@ impl Default for ScalerSettings {
             backoff_max: Duration::from_secs(1800),
             values: PathBuf::from("/etc/nodeward/scaler-values.toml"),
             // The cap: long enough for a slow bare-metal boot, short enough to limit a leak.
-            token_ttl: MAX_TOKEN_TTL,
+            // max_provision_time's default: a token outlives no boot (see the fragment's resolve).
+            token_ttl: Duration::from_secs(600),
             token_extra_groups: vec!["system:bootstrappers:kubeadm:default-node-token".into()],
             // cluster-autoscaler's metrics port.
             metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], 8085))),

@@ -488,3 +488,30 @@ fn shipped_scaler_configmap_is_valid() {
     let out = crate::render::render("worker.yaml.tera", template, &v).expect("renders");
     crate::render::check("worker.yaml.tera", &out).expect("valid user data");
 }
+
+/// A bootstrap token is only needed until its machine registers, and a machine not registered
+/// after `max_provision_time` is deleted: unless set, a token lives that long (at most 1 h),
+/// not an hour after its machine is gone.
+#[test]
+fn token_ttl_defaults_to_the_provision_time() {
+    let ttl = |text: &str| {
+        parse(&[src("a.toml", text)])
+            .expect("valid")
+            .scaler
+            .token_ttl
+    };
+    assert_eq!(ttl(""), Duration::from_secs(600));
+    assert_eq!(
+        ttl("[scaler]\nmax_provision_time = \"15m\"\n"),
+        Duration::from_secs(900)
+    );
+    assert_eq!(
+        ttl("[scaler]\nmax_provision_time = \"3h\"\n"),
+        Duration::from_secs(3600)
+    );
+    assert_eq!(
+        ttl("[scaler]\nmax_provision_time = \"15m\"\ntoken_ttl = \"40m\"\n"),
+        Duration::from_secs(2400),
+        "set, it is what it says"
+    );
+}
