@@ -536,7 +536,9 @@ async fn drop_with_open_watches_does_not_hang() {
         .expect("watch ended")
         .expect("joined");
     assert!(t.elapsed() < Duration::from_secs(2));
-    assert!(TcpStream::connect(a).await.is_err());
+    // Not "connecting to its port fails": the tests of this binary run in parallel, each with
+    // emulators on ephemeral ports, and the kernel may hand the freed port to the next one (seen
+    // under load). The watch ending promptly is what shows the server stopped.
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
