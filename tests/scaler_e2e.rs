@@ -1096,13 +1096,7 @@ async fn the_scaler_tells_systemd_it_is_ready_and_alive() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_machine_has_a_bootstrap_token_of_its_own() {
     let env = env(|_| {}).await;
-    let scaler = env.scaler("replica-a", false).await;
-    let task = tokio::spawn(async move {
-        scaler
-            .run(std::future::pending())
-            .await
-            .expect("scaler runs");
-    });
+    let task = env.spawn("replica-a").await;
     // Groups offer 4 cores: three pods of 3 cores need three machines, made in one pass.
     env.pod("load-0", "3");
     env.pod("load-1", "3");
