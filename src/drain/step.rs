@@ -122,6 +122,9 @@ pub struct Tracked {
     pub attempts: u32,
     /// Requests for it not answered yet (the pod may be gone before its answer comes back).
     pub outstanding: u32,
+    /// The `delete` fallback sent its deletion (once per pod; a failed one leaves the pod to
+    /// the evictions and the deadline).
+    pub fallback_sent: bool,
 }
 
 impl Tracked {
@@ -272,6 +275,7 @@ impl Schedule {
                 state,
                 attempts: 0,
                 outstanding: 0,
+                fallback_sent: false,
             },
         );
     }
@@ -360,12 +364,20 @@ impl Schedule {
             }
         }
         let delete = self.limits.on_deadline == OnDeadline::Delete;
-        if delete && !self.fallback_started && now >= self.fallback_at {
+        if delete && now >= self.fallback_at {
             self.fallback_started = true;
             let grace = self.deadline.saturating_duration_since(now);
             for t in self.pods.values_mut() {
-                if !t.settled() && t.state != PodState::Leaving {
+                // A pod whose eviction is still unanswered waits for the answer: if the
+                // eviction went through, a deletion now would be reported as bypassing its
+                // budget when it did not.
+                if !t.settled()
+                    && t.state != PodState::Leaving
+                    && t.outstanding == 0
+                    && !t.fallback_sent
+                {
                     t.state = PodState::InFlight;
+                    t.fallback_sent = true;
                     t.outstanding += 1;
                     self.in_flight += 1;
                     commands.push(Command::Delete {
@@ -553,5 +565,7 @@ pub fn backoff(attempts: u32) -> Duration {
         .min(RETRY_CAP)
 }
 
+#[cfg(test)]
+mod props;
 #[cfg(test)]
 mod tests;
