@@ -4,6 +4,7 @@
 //! invariant its input owes the rest of nodeward.
 
 use std::path::Path;
+use std::time::Duration;
 
 use crate::render::values::{Inputs, TokenSource, Values};
 use crate::secret::Secret;
@@ -57,9 +58,58 @@ pub fn config(data: &[u8]) {
         path: "fuzz.toml".into(),
         text: text(data),
     };
-    if let Err(e) = crate::config::parse(&[source]) {
-        let msg = format!("{e:#}");
-        assert!(msg.contains("fuzz.toml"), "the error names no file: {msg}");
+    match crate::config::parse(&[source]) {
+        Err(e) => {
+            let msg = format!("{e:#}");
+            assert!(msg.contains("fuzz.toml"), "the error names no file: {msg}");
+        }
+        Ok(settings) => exercise(&settings),
+    }
+}
+
+/// What the binary computes from its configuration, run once with `settings`: the scaler's
+/// decision, back-off, stall limit and token expiry; the drain's schedule from start past its
+/// deadline; the logind cap the agent asks for. A configuration that passes `config check`
+/// (parses) must not panic any of it.
+pub fn exercise(settings: &crate::config::Settings) {
+    use crate::drain::step::{Limits, Schedule};
+    use crate::scaler::decide;
+    let now = jiff::Timestamp::now();
+    let s = &settings.scaler;
+    let _ = decide::decide(&crate::scaler::model::Snapshot::default(), now, s);
+    for failures in [0, 1, 2, 10, 64, u32::MAX] {
+        let _ = decide::backoff_for(failures, s);
+    }
+    let _ = crate::scaler::run::stall_after(s);
+    let _ = crate::scaler::run::token_expiry(s, now);
+    let cap = crate::logind::wanted_cap(&settings.shutdown, settings.drain.timeout);
+    let _ = crate::logind::dropin_text(cap);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "p",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                "uid": "r", "controller": true}]},
+        "spec": {"containers": [{"name": "c"}], "priority": 2_000_000_000},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap_or_default();
+    for shutdown in [false, true] {
+        let opts = crate::drain::DrainOptions::for_leaving_node(&settings.drain, "fuzz", shutdown);
+        let started = tokio::time::Instant::now();
+        let limits = Limits {
+            concurrency: opts.concurrency,
+            timeout: opts.timeout,
+            on_deadline: opts.on_deadline,
+        };
+        let mut schedule = Schedule::new(limits, opts.plan.clone(), started);
+        schedule.track(&pod, &|_, _| false);
+        for at in [
+            Duration::ZERO,
+            opts.timeout / 2,
+            opts.timeout,
+            opts.timeout * 2,
+        ] {
+            let _ = schedule.step(started + at, &|_| false);
+        }
     }
 }
 

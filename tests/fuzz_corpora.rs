@@ -34,3 +34,69 @@ fn every_corpus_file_replays_without_a_panic() {
     }
     eprintln!("replayed {replayed} corpus files");
 }
+
+/// A configuration at the edge of every bound passes the check and runs: everything the binary
+/// computes from it (`nodeward::fuzzing::exercise`) at the largest and the smallest values each
+/// key accepts. The fuzz target does the same for every configuration it finds that parses.
+#[test]
+fn a_configuration_at_every_bound_runs() {
+    let edges = [
+        (
+            "largest",
+            "168h",
+            "1h",
+            "168h",
+            u32::MAX,
+            "100",
+            "2147483647s",
+            "1h",
+        ),
+        ("smallest", "1s", "100ms", "0s", 1, "0", "1s", "1s"),
+    ];
+    for (name, deadline, period, wait, count, percent, lease, ttl) in edges {
+        let text = format!(
+            r#"
+[agent]
+boot_deadline = "{deadline}"
+[gates]
+http_interval = "{period}"
+http_timeout = "{period}"
+[shutdown]
+safety_margin = "{wait}"
+inhibit_delay_max = "{deadline}"
+[drain]
+timeout = "{deadline}"
+concurrency = {count}
+on_deadline = "delete"
+[scaler]
+scan_interval = "{period}"
+scale_down_unneeded_time = "{wait}"
+scale_down_delay_after_add = "{wait}"
+max_provision_time = "{deadline}"
+unready_delete_time = "{deadline}"
+backoff_initial = "{period}"
+backoff_max = "{deadline}"
+max_unready_percent = {percent}
+ok_unready_count = {count}
+max_unready_group_percent = {percent}
+max_unready_repairs_per_pass = {count}
+lease_duration = "{lease}"
+token_ttl = "{ttl}"
+[scaler.cherry]
+request_timeout = "{period}"
+[scaler.exec]
+timeout = "{period}"
+[[scaler.groups]]
+name = "web"
+min = 0
+max = {count}
+"#
+        );
+        let settings = nodeward::config::parse(&[nodeward::config::Source {
+            path: format!("{name}.toml").into(),
+            text,
+        }])
+        .unwrap_or_else(|e| panic!("the {name} configuration is valid: {e:#}"));
+        nodeward::fuzzing::exercise(&settings);
+    }
+}

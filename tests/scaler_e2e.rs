@@ -1131,6 +1131,42 @@ async fn each_machine_has_a_bootstrap_token_of_its_own() {
     assert_eq!(secrets, tokens.len(), "one token Secret per machine");
 }
 
+/// A machine's bootstrap token is deleted once its Node has registered: a token that leaked from
+/// the machine's user data opens nothing after the join.
+#[tokio::test]
+async fn a_token_is_deleted_once_its_node_registers() {
+    let env = env(|_| {}).await;
+    let _sim = env.simulate(SimOptions {
+        boot_after: Duration::from_secs(2),
+        ..SimOptions::default()
+    });
+    let tokens = || {
+        env.kube
+            .list("secrets", Some("kube-system"))
+            .into_iter()
+            .filter(|s| s["type"] == json!("bootstrap.kubernetes.io/token"))
+            .count()
+    };
+    let task = env.spawn("replica-a").await;
+    env.pod("load-0", "3");
+    wait_for(
+        "a token while the machine boots",
+        Duration::from_secs(20),
+        || tokens() == 1 && env.group_nodes().is_empty(),
+    )
+    .await;
+    wait_for("the Node registered", Duration::from_secs(20), || {
+        !env.group_nodes().is_empty()
+    })
+    .await;
+    wait_for("the token deleted", Duration::from_secs(10), || {
+        tokens() == 0
+    })
+    .await;
+    assert_eq!(env.servers().len(), 1);
+    task.abort();
+}
+
 /// Another identity writes the scaler's Lease, as one whose clock says the holder's expired.
 fn take_lease(env: &Env) {
     env.kube

@@ -631,9 +631,10 @@ async fn match_label_keys_arrive_merged(cluster: Cluster) {
 }
 
 /// The scaler's identity, as shipped in rbac-scaler.yaml, may create bootstrap tokens and
-/// nothing more with Secrets: it cannot read one (every Secret in kube-system holds a
-/// credential), list them, or delete one; nor replace a Node whole. Tried for real, as the
-/// ServiceAccount, against the real authorizer.
+/// delete the ones it minted, and nothing more with Secrets: it cannot read one (every Secret in
+/// kube-system holds a credential), list them, or delete another (a delete returns the object:
+/// the admission policy refuses it, even for a bootstrap token someone else made); nor replace a
+/// Node whole. Tried for real, as the ServiceAccount, against the real authorizer and admission.
 async fn scaler_identity_is_least_privilege(cluster: Cluster) {
     use k8s_openapi::api::core::v1::Secret;
     let admin = cluster.admin().await;
@@ -666,11 +667,32 @@ async fn scaler_identity_is_least_privilege(cluster: Cluster) {
             .await
             .map(drop),
     );
-    // What it needs: minting a token.
+    // A bootstrap token of someone else's (kubeadm's, an operator's): not the scaler's to delete.
     let expires = jiff::Timestamp::now() + jiff::SignedDuration::from_mins(5);
+    let foreign = nodeward::scaler::token::generate(&mut rand::rng());
+    let mut foreign_secret = nodeward::scaler::token::secret_object(&foreign, expires, &[], "g");
+    foreign_secret.metadata.labels = None;
+    let foreign_name = foreign_secret.metadata.name.clone().expect("name");
+    Api::<Secret>::namespaced(admin.clone(), "kube-system")
+        .create(&PostParams::default(), &foreign_secret)
+        .await
+        .expect("admin creates a bootstrap token");
+    forbidden(
+        "delete a bootstrap token it did not mint",
+        nodeward::scaler::token::delete(&scaler, &foreign.id).await,
+    );
+    // What it needs: minting a token, and deleting it once its node joined.
     let token = nodeward::scaler::token::mint(&scaler, expires, &[], "g")
         .await
         .expect("the scaler mints a token");
+    nodeward::scaler::token::delete(&scaler, &token.id)
+        .await
+        .expect("the scaler deletes its own token");
+    let gone = Api::<Secret>::namespaced(admin.clone(), "kube-system")
+        .get_opt(&format!("bootstrap-token-{}", token.id))
+        .await
+        .expect("admin reads");
+    assert!(gone.is_none(), "the token is still there: {gone:?}");
     let nodes: Api<Node> = Api::all(scaler.clone());
     let node_name = unique("least-privilege");
     let some: Node =
@@ -693,10 +715,7 @@ async fn scaler_identity_is_least_privilege(cluster: Cluster) {
         .delete(&victim_name, &Default::default())
         .await;
     let _ = admin_secrets
-        .delete(
-            &format!("bootstrap-token-{}", token.id),
-            &Default::default(),
-        )
+        .delete(&foreign_name, &Default::default())
         .await;
 }
 

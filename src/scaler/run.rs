@@ -136,6 +136,8 @@ struct Inner<P> {
     metrics: Arc<Metrics>,
     recorder: Recorder,
     draining: Mutex<HashSet<String>>,
+    /// Bootstrap tokens minted for machines that have not joined yet.
+    tokens: Mutex<token::Outstandings>,
     leader_until: Mutex<Option<Instant>>,
     elector: Elector,
 }
@@ -270,6 +272,7 @@ impl<P: Provider + 'static> Scaler<P> {
                 opts,
                 metrics: Arc::new(Metrics::default()),
                 draining: Mutex::new(HashSet::new()),
+                tokens: Mutex::new(token::Outstandings::default()),
                 leader_until: Mutex::new(None),
                 elector,
             }),
@@ -356,13 +359,20 @@ impl<P: Provider + 'static> Scaler<P> {
 /// How long one turn of the loop may take before the scaler counts as stalled: two scan
 /// intervals, plus twice the longest a provider call or a Kubernetes request may take (a pass
 /// makes both), plus a minute.
-fn stall_after(s: &ScalerSettings) -> Duration {
+pub(crate) fn stall_after(s: &ScalerSettings) -> Duration {
     let provider = s.cherry.request_timeout.max(s.exec.timeout);
     let call = provider.max(crate::kube_client::REQUEST_DEADLINE);
     s.scan_interval
         .saturating_mul(2)
         .saturating_add(call.saturating_mul(2))
         .saturating_add(Duration::from_secs(60))
+}
+
+/// When a token minted at `now` expires: `token_ttl` later (an hour if it cannot be represented).
+pub(crate) fn token_expiry(s: &ScalerSettings, now: Timestamp) -> Timestamp {
+    let ttl = jiff::SignedDuration::try_from(s.token_ttl)
+        .unwrap_or(jiff::SignedDuration::from_secs(3600));
+    now.checked_add(ttl).unwrap_or(now)
 }
 
 /// Sends systemd `WATCHDOG=1` every half `period` while the loop makes progress, so a scaler
@@ -591,6 +601,7 @@ impl<P: Provider + 'static> Inner<P> {
         let started = Instant::now();
         let snap = self.gather().await?;
         let now = Timestamp::now();
+        self.delete_joined_tokens(&snap, now).await;
         let decided = Instant::now();
         let actions = decide::decide(&snap, now, &self.settings);
         self.metrics
@@ -859,9 +870,7 @@ impl<P: Provider + 'static> Inner<P> {
         let Some(template) = self.templates.get(group) else {
             return 0;
         };
-        let ttl = jiff::SignedDuration::try_from(self.settings.token_ttl)
-            .unwrap_or(jiff::SignedDuration::from_secs(3600));
-        let expires = now.checked_add(ttl).unwrap_or(now);
+        let expires = token_expiry(&self.settings, now);
         // Once per batch: its tokens and machines are one act.
         if !self
             .fenced(group, &format!("create {count} machine(s)"))
@@ -891,7 +900,25 @@ impl<P: Provider + 'static> Inner<P> {
         if let Some(d) = *lock(&first_sent) {
             first_create.get_or_insert(d);
         }
+        // A machine the provider refused never joins: its token goes now. One whose create
+        // failed otherwise (a timeout) may exist after all, so its token stays until it joins.
+        let refused_hosts: Vec<String> = results
+            .iter()
+            .filter_map(|r| match r {
+                Ok((host, Err(e))) if !e.is_retryable() => Some(host.clone()),
+                _ => None,
+            })
+            .collect();
         let (created, refused) = self.tally(group, results);
+        let abandoned: Vec<String> = {
+            let mut tokens = lock(&self.tokens);
+            refused_hosts
+                .iter()
+                .filter_map(|h| tokens.abandon(h))
+                .collect()
+        };
+        self.delete_tokens(&abandoned, "its machine was refused")
+            .await;
         // Refused creates (4xx such as quota) count as failed machines: decide's rule says how
         // long the group waits.
         if let Some(Action::BackOff {
@@ -931,20 +958,33 @@ impl<P: Provider + 'static> Inner<P> {
             group,
         )
         .await?;
-        let values = build_values(
+        let rendered = build_values(
             &self.values_path,
             &self.values_text,
             g,
             &self.settings,
             &token,
-        )?;
-        let user_data =
-            crate::render::render(&template.name, &template.text, &values).map_err(|source| {
-                Error::Render {
+        )
+        .and_then(|values| {
+            let user_data = crate::render::render(&template.name, &template.text, &values)
+                .map_err(|source| Error::Render {
                     group: group.to_string(),
                     source,
-                }
-            })?;
+                })?;
+            Ok((values, user_data))
+        });
+        let (values, user_data) = match rendered {
+            Ok(r) => r,
+            Err(e) => {
+                self.delete_tokens(
+                    std::slice::from_ref(&token.id),
+                    "its user data did not render",
+                )
+                .await;
+                return Err(e);
+            }
+        };
+        lock(&self.tokens).minted(&values.hostname, &token.id, expires);
         info!(group, hostname = %values.hostname, token_id = %token.id, "machine prepared");
         Ok(CreateSpec {
             group: group.to_string(),
@@ -960,6 +1000,29 @@ impl<P: Provider + 'static> Inner<P> {
             ]),
             cherry: g.cherry.clone(),
         })
+    }
+
+    /// Deletes the bootstrap tokens of machines whose Node has registered: the kubelet has its
+    /// own certificate by then, and a token that leaked from user data opens nothing more.
+    async fn delete_joined_tokens(&self, snap: &Snapshot, now: Timestamp) {
+        if lock(&self.tokens).is_empty() {
+            return;
+        }
+        let nodes: HashSet<&str> = snap.nodes.iter().map(|n| n.name.as_str()).collect();
+        let joined = lock(&self.tokens).joined(|host| nodes.contains(host), now);
+        self.delete_tokens(&joined, "its node joined").await;
+    }
+
+    /// Deletes bootstrap tokens by id; a failure is logged and left to the token's expiry.
+    async fn delete_tokens(&self, ids: &[String], why: &str) {
+        for id in ids {
+            match token::delete(&self.client, id).await {
+                Ok(()) => info!(token_id = %id, why, "bootstrap token deleted"),
+                Err(e) => {
+                    warn!(token_id = %id, why, error = %e, "cannot delete a bootstrap token; it expires on its own")
+                }
+            }
+        }
     }
 
     /// Counts and reports a batch's outcomes: `(created, refused for good)`.
