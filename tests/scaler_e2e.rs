@@ -836,14 +836,18 @@ template = "{template}"
         !text.contains(API_TOKEN),
         "the provider token is in the log"
     );
-    let secrets = env.kube.list("secrets", Some("kube-system"));
-    assert!(!secrets.is_empty(), "tokens were minted");
-    for s in secrets {
-        let secret = s
-            .pointer("/data/token-secret")
-            .and_then(Value::as_str)
-            .and_then(cherry_emulator::decode_base64)
-            .expect("token-secret");
+    // The machines' tokens, from their user data: the scaler deletes each Secret once its
+    // machine has joined.
+    let tokens: Vec<String> = env
+        .servers()
+        .iter()
+        .filter_map(|s| {
+            let data = env.cherry.user_data(s["id"].as_u64()?)?;
+            cherry_emulator::machines::find_bootstrap_token(&data).map(|(_, secret)| secret)
+        })
+        .collect();
+    assert!(!tokens.is_empty(), "tokens were minted");
+    for secret in tokens {
         assert!(
             !text.contains(&secret),
             "a bootstrap token secret is in the log"
