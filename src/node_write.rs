@@ -20,6 +20,46 @@ pub fn patch_params() -> PatchParams {
     }
 }
 
+/// One Node condition as nodeward writes it.
+#[derive(Debug, Clone, Copy)]
+pub struct ConditionPatch<'a> {
+    /// `type`, e.g. `nodeward.io/Ready`.
+    pub type_: &'a str,
+    /// `True` or `False`.
+    pub status: bool,
+    /// CamelCase reason.
+    pub reason: &'a str,
+    /// One line for people.
+    pub message: &'a str,
+    /// RFC 3339: when `status` last flipped.
+    pub last_transition: &'a str,
+}
+
+/// `True` or `False`, as conditions spell it.
+pub fn status_word(status: bool) -> &'static str {
+    if status { "True" } else { "False" }
+}
+
+/// Writes one condition through `nodes/status`: a strategic merge keyed by `type`, so kubelet's
+/// conditions and nodeward's others are untouched (NodeRestriction lets a node write its own).
+pub async fn write_condition(
+    client: &kube::Client,
+    node: &str,
+    c: &ConditionPatch<'_>,
+) -> Result<Node, kube::Error> {
+    let patch = json!({"status": {"conditions": [{
+        "type": c.type_,
+        "status": status_word(c.status),
+        "reason": c.reason,
+        "message": c.message,
+        "lastHeartbeatTime": jiff::Timestamp::now().to_string(),
+        "lastTransitionTime": c.last_transition,
+    }]}});
+    Api::<Node>::all(client.clone())
+        .patch_status(node, &patch_params(), &Patch::Strategic(&patch))
+        .await
+}
+
 /// What a guarded write decided after reading the Node.
 pub enum NodeWrite<T> {
     /// Nothing to write: the answer is already known.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::{Cluster, unique};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{NodeCondition, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -320,9 +320,24 @@ async fn wait_condition(
     what: &str,
     accept: impl Fn(&str, &str) -> bool,
 ) -> (String, String) {
+    let c = wait_node_condition(admin, node, "nodeward.io/Ready", what, |c| {
+        accept(&c.status, c.message.as_deref().unwrap_or_default())
+    })
+    .await;
+    (c.status, c.message.unwrap_or_default())
+}
+
+/// Polls the Node's condition `type_` until `accept` takes it (70 s at most).
+async fn wait_node_condition(
+    admin: &kube::Client,
+    node: &str,
+    type_: &str,
+    what: &str,
+    accept: impl Fn(&NodeCondition) -> bool,
+) -> NodeCondition {
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
     let deadline = std::time::Instant::now() + Duration::from_secs(70);
-    let mut last = (String::new(), String::new());
+    let mut last = None;
     while std::time::Instant::now() < deadline {
         let n = nodes.get(node).await.expect("node");
         if let Some(c) = n
@@ -330,16 +345,16 @@ async fn wait_condition(
             .and_then(|s| s.conditions)
             .unwrap_or_default()
             .into_iter()
-            .find(|c| c.type_ == "nodeward.io/Ready")
+            .find(|c| c.type_ == type_)
         {
-            last = (c.status, c.message.unwrap_or_default());
-            if accept(&last.0, &last.1) {
-                return last;
+            if accept(&c) {
+                return c;
             }
+            last = Some(c);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("{what}: last condition {last:?}");
+    panic!("{what}: last {type_} condition {last:?}");
 }
 
 /// On a real node without rbac-agent.yaml, the first drain ever to run was the one at power-off:
@@ -530,6 +545,114 @@ async fn a_dedicated_identity_writes_only_its_own_node(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
+/// A drain that a budget blocks says why, where kubectl users look: the Node's
+/// nodeward.io/Draining condition names the pod, its budget and the deadline while it waits, and
+/// the outcome after; each blocked pod gets one Event naming its budget, however often the drain
+/// retries it.
+async fn a_blocked_drain_explains_itself(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), &ns);
+    pdbs.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maxUnavailable": null, "minAvailable": 2}})),
+    )
+    .await
+    .expect("the budget allows no disruption");
+    let deadline = std::time::Instant::now() + LIMIT;
+    while pdbs
+        .get("web")
+        .await
+        .expect("pdb")
+        .status
+        .is_none_or(|s| s.disruptions_allowed != 0 || s.observed_generation != Some(2))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the budget never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kc = cluster.node_kubeconfig(&target);
+    let t0 = std::time::Instant::now();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(["drain", &target, "--timeout", "8s", "--kubeconfig"])
+        .arg(&kc)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run nodeward drain");
+    let budget = format!("{ns}/web");
+    let waiting = wait_node_condition(
+        &admin,
+        &target,
+        "nodeward.io/Draining",
+        "the drain explained",
+        |c| c.status == "True" && c.reason.as_deref() == Some("WaitingForBudget"),
+    )
+    .await;
+    eprintln!(
+        "drain started -> WaitingForBudget on the Node: {:?}",
+        t0.elapsed()
+    );
+    let message = waiting.message.unwrap_or_default();
+    assert!(
+        message.starts_with("2 pods left; ")
+            && message.contains(&format!("blocked by PDB {budget} (0 disruptions allowed)"))
+            && message.contains("2 pods blocked in all; deadline in "),
+        "{message}"
+    );
+    let out = child.wait_with_output().expect("the drain ends");
+    assert!(!out.status.success(), "{}", common::output_text(&out));
+    let done = wait_node_condition(
+        &admin,
+        &target,
+        "nodeward.io/Draining",
+        "the outcome",
+        |c| c.status == "False",
+    )
+    .await;
+    assert_eq!(done.reason.as_deref(), Some("DeadlineExceeded"), "{done:?}");
+    assert!(
+        done.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("2 pods left after")),
+        "{done:?}"
+    );
+    use k8s_openapi::api::events::v1::Event;
+    let events: Vec<Event> = Api::<Event>::namespaced(admin.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("EvictionBlocked"))
+        .collect();
+    let mut regarding: Vec<String> = events
+        .iter()
+        .filter_map(|e| e.regarding.as_ref()?.name.clone())
+        .collect();
+    regarding.sort();
+    let pods: Vec<String> = pods_of(&admin, &ns, "web")
+        .await
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert_eq!(regarding.len(), 2, "one Event per blocked pod: {events:?}");
+    assert!(
+        regarding.iter().all(|r| pods.contains(r)),
+        "{regarding:?} {pods:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .all(|e| e.note.as_deref().is_some_and(|n| n.contains(&budget)) && e.series.is_none()),
+        "each names the budget, once: {events:?}"
+    );
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
 real_only! {
     a_dedicated_agent_identity_writes_only_its_own_node => super::a_dedicated_identity_writes_only_its_own_node;
     a_node_drains_itself_within_the_budget => super::node_drains_itself_within_the_budget;
@@ -538,4 +661,5 @@ real_only! {
     the_agent_drains_at_poweroff_as_the_node => super::agent_drains_at_poweroff;
     the_agent_gates_on_the_drains_api_access => super::agent_gates_on_drain_access;
     a_terminating_namespace_is_waited_for_not_forbidden => super::a_terminating_namespace_is_waited_for;
+    a_blocked_drain_explains_itself_on_the_node_and_its_pods => super::a_blocked_drain_explains_itself;
 }

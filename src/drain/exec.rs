@@ -28,6 +28,8 @@ use tracing::{debug, error, info, warn};
 use super::cordon::{
     self, CORDONED_BY, CordonDecision, CordonRecord, EXCLUDE_LB_LABEL, UncordonDecision,
 };
+use super::explain;
+use super::narrate::Narrator;
 use super::plan::{self, Answer, Cause, Outcome, Plan, PlanOptions, PodRef};
 pub use super::step::DrainOutcome;
 use super::step::{Command, Deleted, Limits, Refusal, Schedule, Step, Tracked, Verdict};
@@ -395,6 +397,15 @@ fn pdb_key(b: &PodDisruptionBudget) -> String {
     )
 }
 
+/// The `disruptionsAllowed` of the budget `key` (`namespace/name`) in the drain's view.
+fn allowed_in(budgets: &[std::sync::Arc<PodDisruptionBudget>], key: &str) -> Option<i32> {
+    budgets
+        .iter()
+        .find(|b| pdb_key(b) == key)
+        .and_then(|b| b.status.as_ref())
+        .map(|s| s.disruptions_allowed)
+}
+
 /// Whether a budget among `budgets` selecting the pod allows a disruption now.
 fn budget_open(budgets: &[std::sync::Arc<PodDisruptionBudget>], pod: &Tracked) -> bool {
     plan::budgets_for(
@@ -664,6 +675,9 @@ impl<'a> Drain<'a> {
             .await;
         }
 
+        // What the drain waits on goes on the Node (nodeward.io/Draining) and the blocked pods.
+        let mut narrator =
+            eventful.then(|| Narrator::new(self.client, self.node, self.recorder.clone()));
         let mut inflight: FuturesUnordered<Request> = FuturesUnordered::new();
         let mut last_progress = started;
         let mut progress_dirty = true;
@@ -671,12 +685,19 @@ impl<'a> Drain<'a> {
             let now = Instant::now();
             // One snapshot of the budgets per step, not one per blocked pod.
             let snapshot = w.budgets.state();
-            let (commands, wake) = match schedule.step(now, &|pod| budget_open(&snapshot, pod)) {
+            let (commands, mut wake) = match schedule.step(now, &|pod| budget_open(&snapshot, pod))
+            {
                 Step::Done(outcome) => break outcome,
                 Step::Run { commands, wake } => (commands, wake),
             };
             for c in commands {
                 self.perform(c, &mut inflight);
+            }
+            if let Some(n) = narrator.as_mut() {
+                let e = explain::explain(schedule.tracked(), now, deadline, &|b| {
+                    allowed_in(&snapshot, b)
+                });
+                wake = wake.min(n.update(now, &e));
             }
             if progress_dirty && now >= last_progress + PROGRESS_EVERY {
                 log_progress(self.node, &schedule);
@@ -690,7 +711,7 @@ impl<'a> Drain<'a> {
             };
             tokio::select! {
                 Some((pod, reply)) = inflight.next(), if !inflight.is_empty() => {
-                    self.answered(&mut schedule, &w.budgets, &pod, reply)?;
+                    self.answered(&mut schedule, &w.budgets, &pod, reply, narrator.as_mut())?;
                     progress_dirty = true;
                 }
                 Some(ev) = w.pod_events.next() => {
@@ -738,22 +759,26 @@ impl<'a> Drain<'a> {
             eviction_requests: tally.eviction_requests,
             elapsed,
         };
-        match outcome {
+        self.announce_end(&report, eventful, narrator).await;
+        info!(node = self.node, summary = %report.to_string().trim_end(), "drain finished");
+        Ok(report)
+    }
+
+    /// Says how the drain ended: an Event on the Node (for a drain that had pods to move, or
+    /// that ran out of time) and the Draining condition turned `False` with the same words.
+    async fn announce_end(&self, report: &DrainReport, eventful: bool, narrator: Option<Narrator>) {
+        let (type_, reason, note) = match report.outcome {
             DrainOutcome::DeadlineExceeded => {
                 let names: Vec<String> =
                     report.left_behind.iter().map(ToString::to_string).collect();
                 warn!(node = self.node, left = names.len(), pods = %names.join(", "), "drain deadline exceeded");
-                self.event(
-                    EventType::Warning,
-                    "DrainTimedOut",
-                    format!(
-                        "{} pods left after {:?}: {}",
-                        names.len(),
-                        self.opts.timeout,
-                        names.join(", ")
-                    ),
-                )
-                .await;
+                let note = format!(
+                    "{} pods left after {:?}: {}",
+                    names.len(),
+                    self.opts.timeout,
+                    names.join(", ")
+                );
+                (EventType::Warning, "DrainTimedOut", note)
             }
             DrainOutcome::Drained | DrainOutcome::Refused => {
                 let refused: Vec<String> =
@@ -761,18 +786,20 @@ impl<'a> Drain<'a> {
                 let mut note = format!(
                     "{} pods evicted in {:.1}s",
                     report.evicted.len(),
-                    elapsed.as_secs_f64()
+                    report.elapsed.as_secs_f64()
                 );
                 if !refused.is_empty() {
                     note.push_str(&format!("; refused: {}", refused.join(", ")));
                 }
-                if eventful {
-                    self.event(EventType::Normal, "DrainSucceeded", note).await;
-                }
+                (EventType::Normal, "DrainSucceeded", note)
             }
+        };
+        if eventful || report.outcome == DrainOutcome::DeadlineExceeded {
+            self.event(type_, reason, note.clone()).await;
         }
-        info!(node = self.node, summary = %report.to_string().trim_end(), "drain finished");
-        Ok(report)
+        if let Some(n) = narrator {
+            n.finish(report.outcome, &note).await;
+        }
     }
 
     /// Starts what the schedule asked for; answers come back through `inflight`.
@@ -837,6 +864,7 @@ impl<'a> Drain<'a> {
         budgets: &Mirror<PodDisruptionBudget>,
         pod: &PodRef,
         reply: Reply,
+        narrator: Option<&mut Narrator>,
     ) -> Result<()> {
         let result = match reply {
             Reply::Delete(result) => {
@@ -889,7 +917,13 @@ impl<'a> Drain<'a> {
                 pod = %pod,
                 "its namespace is being deleted, which deletes the pod; waiting for it to go"
             ),
-            Outcome::BudgetExhausted => debug!(pod = %pod, "blocked by a disruption budget"),
+            Outcome::BudgetExhausted => {
+                debug!(pod = %pod, "blocked by a disruption budget");
+                if let Some(n) = narrator {
+                    let allowed = matching.first().and_then(|b| allowed_in(&all, b));
+                    n.blocked(pod, &matching, allowed);
+                }
+            }
             Outcome::Retry => {
                 debug!(pod = %pod, code, message = %answer.message, "eviction failed; retrying");
             }

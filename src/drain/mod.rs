@@ -3,13 +3,16 @@
 //! Evicting rather than deleting is the point: an eviction asks the API server to honour the
 //! pod's PodDisruptionBudget, so a drain never takes down more replicas than their owners allow.
 //! `plan.rs` decides (which pods, which wave, what an answer means), `step.rs` decides what to
-//! send when (waves, deadline, retries) and `cordon.rs` decides who owns a cordon — all pure;
+//! send when (waves, deadline, retries), `explain.rs` says what the drain waits on (the Node's
+//! `nodeward.io/Draining` condition) and `cordon.rs` decides who owns a cordon — all pure;
 //! `exec.rs` acts, driven by watches so it reacts in milliseconds and
 //! reports done only when the pods are really gone.
 
 pub mod access;
 pub mod cordon;
 pub mod exec;
+pub mod explain;
+mod narrate;
 pub mod plan;
 pub mod step;
 

@@ -16,13 +16,12 @@
 pub mod controller;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
-use kube::api::{Api, Patch};
 use serde_json::json;
 use tracing::info;
 
 use crate::gate::Verdict;
 pub use crate::names::{CONDITION_TYPE, STARTUP_TAINT_KEY};
-use crate::node_write::{self, NodeWrite, WriteError};
+use crate::node_write::{self, NodeWrite, WriteError, status_word};
 
 /// `reason` of a `True` condition.
 pub const REASON_PASSED: &str = "GatesPassed";
@@ -87,10 +86,6 @@ pub fn condition(node: &Node) -> Option<&NodeCondition> {
         .find(|c| c.type_ == CONDITION_TYPE)
 }
 
-fn status_word(status: bool) -> &'static str {
-    if status { "True" } else { "False" }
-}
-
 /// Whether `node` already reports `want` (status, reason and message alike).
 pub fn condition_is_current(node: &Node, want: &Condition) -> bool {
     condition(node).is_some_and(|c| {
@@ -110,24 +105,20 @@ pub async fn write_condition(
     current: Option<&Node>,
     want: &Condition,
 ) -> Result<Node, Error> {
-    let now = jiff::Timestamp::now().to_string();
     let status = status_word(want.status);
     let transition = current
         .and_then(condition)
         .filter(|c| c.status == status)
         .and_then(|c| c.last_transition_time.as_ref())
-        .map_or_else(|| now.clone(), |t| t.0.to_string());
-    let patch = json!({"status": {"conditions": [{
-        "type": CONDITION_TYPE,
-        "status": status,
-        "reason": want.reason,
-        "message": want.message,
-        "lastHeartbeatTime": now,
-        "lastTransitionTime": transition,
-    }]}});
-    let api: Api<Node> = Api::all(client.clone());
-    let n = api
-        .patch_status(node, &node_write::patch_params(), &Patch::Strategic(&patch))
+        .map_or_else(|| jiff::Timestamp::now().to_string(), |t| t.0.to_string());
+    let patch = node_write::ConditionPatch {
+        type_: CONDITION_TYPE,
+        status: want.status,
+        reason: want.reason,
+        message: &want.message,
+        last_transition: &transition,
+    };
+    let n = node_write::write_condition(client, node, &patch)
         .await
         .map_err(|source| Error::Api {
             node: node.into(),

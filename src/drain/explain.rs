@@ -1,0 +1,192 @@
+//! What a running drain waits on, in one line, decided purely from the schedule's pods, the
+//! budgets and `now`: the Node's `nodeward.io/Draining` condition says it, so that
+//! `kubectl describe node` answers "why is this node still draining?" without digging through
+//! pods and budgets by hand.
+//!
+//! The condition is rewritten when what blocks the drain changes ([`Explanation::same_cause`]), at
+//! most once per [`MIN_WRITE_GAP`], and otherwise every [`REFRESH`] so its timers stay near the
+//! truth; a write never waits in the drain's loop.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::plan::PodRef;
+use super::step::{DrainOutcome, PodState, Tracked};
+
+/// The Node condition a drain keeps: `True` while it runs, `False` with the outcome after.
+pub const CONDITION_TYPE: &str = "nodeward.io/Draining";
+/// At most one condition write per this gap (the API server and the Node's watchers pay for
+/// each write).
+pub const MIN_WRITE_GAP: Duration = Duration::from_secs(1);
+/// Rewritten this often while nothing changes, so the message's timers stay close.
+pub const REFRESH: Duration = Duration::from_secs(15);
+
+/// What the drain waits on, most telling first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    /// A budget refused at least one pod's eviction: the drain waits for it to allow one.
+    WaitingForBudget,
+    /// Evictions are being sent or answered.
+    Evicting,
+    /// The API server failed evictions; they are retried with back-off.
+    WaitingForRetry,
+    /// Every pod left was evicted; the drain waits for them to terminate.
+    WaitingForTermination,
+}
+
+impl Reason {
+    /// The condition's `reason`, in CamelCase as Kubernetes reasons are.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WaitingForBudget => "WaitingForBudget",
+            Self::Evicting => "Evicting",
+            Self::WaitingForRetry => "WaitingForRetry",
+            Self::WaitingForTermination => "WaitingForTermination",
+        }
+    }
+}
+
+/// The pod that has waited longest for a budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocker {
+    /// The pod.
+    pub pod: PodRef,
+    /// The budgets (`namespace/name`) that select it.
+    pub budgets: Vec<String>,
+    /// Disruptions the first of them allows now, when the drain's view of it knows.
+    pub allowed: Option<i32>,
+    /// How long the pod has been refused.
+    pub waited: Duration,
+}
+
+/// A running drain, explained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Explanation {
+    /// What it waits on.
+    pub reason: Reason,
+    /// Pods not gone yet (refused ones excluded: the drain does not wait for them).
+    pub left: usize,
+    /// Of those, how many a budget refused.
+    pub blocked: usize,
+    /// The longest-blocked pod, when a budget blocks any.
+    pub blocker: Option<Blocker>,
+    /// Time to the deadline; `None` once it has passed.
+    pub deadline_in: Option<Duration>,
+}
+
+/// Explains the drain at `now` from its tracked pods. `allowed(budget)` is the budget's
+/// `disruptionsAllowed` in the drain's view (`None` if unknown).
+pub fn explain<'a>(
+    pods: impl IntoIterator<Item = &'a Tracked>,
+    now: Instant,
+    deadline: Instant,
+    allowed: &dyn Fn(&str) -> Option<i32>,
+) -> Explanation {
+    let (mut left, mut blocked, mut busy, mut retrying) = (0, 0, false, false);
+    let mut blocker: Option<(Instant, &Tracked, &[String])> = None;
+    for t in pods {
+        match &t.state {
+            PodState::Gone | PodState::Refused(_) => continue,
+            PodState::Pending | PodState::InFlight => busy = true,
+            PodState::Backoff { .. } => retrying = true,
+            PodState::Leaving => {}
+            PodState::Blocked { since, budgets } => {
+                blocked += 1;
+                if blocker.is_none_or(|(s, b, _)| (*since, &t.pod) < (s, &b.pod)) {
+                    blocker = Some((*since, t, budgets));
+                }
+            }
+        }
+        left += 1;
+    }
+    let reason = if blocked > 0 {
+        Reason::WaitingForBudget
+    } else if busy {
+        Reason::Evicting
+    } else if retrying {
+        Reason::WaitingForRetry
+    } else {
+        Reason::WaitingForTermination
+    };
+    Explanation {
+        reason,
+        left,
+        blocked,
+        blocker: blocker.map(|(since, t, budgets)| Blocker {
+            pod: t.pod.clone(),
+            budgets: budgets.to_vec(),
+            allowed: budgets.first().and_then(|b| allowed(b)),
+            waited: now.saturating_duration_since(since),
+        }),
+        deadline_in: (now < deadline).then(|| deadline - now),
+    }
+}
+
+impl Explanation {
+    /// Whether `other` says the same but for its timers: the reason, the counts, the blocking
+    /// pod and its budget's allowance. When not, the condition is rewritten at once.
+    pub fn same_cause(&self, other: &Self) -> bool {
+        let blocker = |e: &Self| e.blocker.as_ref().map(|b| (b.pod.clone(), b.allowed));
+        self.reason == other.reason
+            && self.left == other.left
+            && self.blocked == other.blocked
+            && blocker(self) == blocker(other)
+            && self.deadline_in.is_some() == other.deadline_in.is_some()
+    }
+}
+
+/// Whole seconds, as people read them on a condition.
+fn secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_millis() >= 500)
+}
+
+impl fmt::Display for Explanation {
+    /// e.g. `3 pods left; default/web-7f9c blocked by PDB default/web (0 disruptions allowed)
+    /// for 42 s, 2 pods blocked in all; deadline in 78 s`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plural = |n: usize| if n == 1 { "" } else { "s" };
+        write!(f, "{} pod{} left", self.left, plural(self.left))?;
+        if let Some(b) = &self.blocker {
+            write!(f, "; {} blocked by PDB {}", b.pod, b.budgets.join(", "))?;
+            if let Some(a) = b.allowed {
+                write!(
+                    f,
+                    " ({a} disruption{} allowed)",
+                    if a == 1 { "" } else { "s" }
+                )?;
+            }
+            write!(f, " for {} s", secs(b.waited))?;
+            if self.blocked > 1 {
+                write!(f, ", {} pods blocked in all", self.blocked)?;
+            }
+        }
+        match self.deadline_in {
+            Some(d) => write!(f, "; deadline in {} s", secs(d)),
+            None => f.write_str("; deadline passed, still waiting"),
+        }
+    }
+}
+
+/// The condition's `reason` once the drain is over.
+pub fn outcome_reason(outcome: DrainOutcome) -> &'static str {
+    match outcome {
+        DrainOutcome::Drained => "Drained",
+        DrainOutcome::Refused => "DrainedExceptRefused",
+        DrainOutcome::DeadlineExceeded => "DeadlineExceeded",
+    }
+}
+
+/// The earliest time to write the condition, given the last write (`None`: now): when the key
+/// changed, [`MIN_WRITE_GAP`] after the last write; else [`REFRESH`] after it.
+pub fn write_at(last: Option<Instant>, changed: bool) -> Option<Instant> {
+    match last {
+        None => None,
+        Some(at) if changed => Some(at + MIN_WRITE_GAP),
+        Some(at) => Some(at + REFRESH),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,125 @@
+//! The explanation of a drain under a synthetic clock.
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+fn tracked(name: &str, state: PodState) -> Tracked {
+    Tracked {
+        pod: PodRef {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: name.into(),
+        },
+        labels: BTreeMap::new(),
+        wave: 0,
+        state,
+        attempts: 1,
+        outstanding: 0,
+        fallback_sent: false,
+    }
+}
+
+fn blocked(name: &str, since: Instant) -> Tracked {
+    tracked(
+        name,
+        PodState::Blocked {
+            since,
+            budgets: vec!["default/web".into()],
+        },
+    )
+}
+
+#[test]
+fn a_budget_blocked_drain_names_the_longest_blocked_pod_its_budget_and_the_deadline() {
+    let t0 = Instant::now();
+    let pods = [
+        blocked("web-b", t0 + Duration::from_secs(10)),
+        blocked("web-a", t0 + Duration::from_secs(3)),
+        tracked("api", PodState::Leaving),
+        tracked("done", PodState::Gone),
+    ];
+    let now = t0 + Duration::from_secs(45);
+    let e = explain(&pods, now, t0 + Duration::from_secs(123), &|b| {
+        (b == "default/web").then_some(0)
+    });
+    assert_eq!(e.reason, Reason::WaitingForBudget);
+    assert_eq!(
+        e.to_string(),
+        "3 pods left; default/web-a blocked by PDB default/web (0 disruptions allowed) for 42 s, \
+         2 pods blocked in all; deadline in 78 s"
+    );
+}
+
+#[test]
+fn each_reason() {
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(60);
+    let unknown = |_: &str| None;
+    let cases = [
+        (vec![tracked("a", PodState::Pending)], Reason::Evicting),
+        (
+            vec![
+                tracked("a", PodState::InFlight),
+                tracked("b", PodState::Leaving),
+            ],
+            Reason::Evicting,
+        ),
+        (
+            vec![tracked("a", PodState::Backoff { until: deadline })],
+            Reason::WaitingForRetry,
+        ),
+        (
+            vec![tracked("a", PodState::Leaving)],
+            Reason::WaitingForTermination,
+        ),
+        (
+            vec![tracked("a", PodState::Pending), blocked("b", t0)],
+            Reason::WaitingForBudget,
+        ),
+    ];
+    for (pods, want) in cases {
+        assert_eq!(
+            explain(&pods, t0, deadline, &unknown).reason,
+            want,
+            "{pods:?}"
+        );
+    }
+}
+
+#[test]
+fn refused_and_gone_pods_are_not_left_and_a_passed_deadline_is_said() {
+    let t0 = Instant::now();
+    let pods = [
+        tracked(
+            "bare",
+            PodState::Refused(super::super::step::Refusal::MultipleBudgets(vec![])),
+        ),
+        tracked("gone", PodState::Gone),
+        tracked("slow", PodState::Leaving),
+    ];
+    let e = explain(&pods, t0 + Duration::from_secs(5), t0, &|_| None);
+    assert_eq!(e.left, 1);
+    assert_eq!(e.to_string(), "1 pod left; deadline passed, still waiting");
+}
+
+#[test]
+fn the_cause_ignores_the_timers_and_writes_are_spaced() {
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(60);
+    let pods = [blocked("a", t0)];
+    let allowed = |_: &str| Some(0);
+    let early = explain(&pods, t0 + Duration::from_secs(1), deadline, &allowed);
+    let later = explain(&pods, t0 + Duration::from_secs(9), deadline, &allowed);
+    assert_ne!(early.to_string(), later.to_string());
+    assert!(early.same_cause(&later), "only the timers moved");
+    let opened = explain(&pods, t0 + Duration::from_secs(9), deadline, &|_| Some(1));
+    assert!(
+        !early.same_cause(&opened),
+        "the budget's allowance is part of it"
+    );
+
+    assert_eq!(write_at(None, false), None, "never written: now");
+    assert_eq!(write_at(Some(t0), true), Some(t0 + MIN_WRITE_GAP));
+    assert_eq!(write_at(Some(t0), false), Some(t0 + REFRESH));
+}
