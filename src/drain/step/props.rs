@@ -202,20 +202,17 @@ impl Model {
     }
 }
 
-/// Runs the drain of `case` to its end, checking the properties on the way.
-fn drive(case: &Case) -> Result<(), TestCaseError> {
-    let t0 = Instant::now();
-    let timeout = Duration::from_secs(case.timeout_s);
-    let on_deadline = if case.delete_fallback {
-        OnDeadline::Delete
-    } else {
-        OnDeadline::Abandon
-    };
-    let mut s = Schedule::new(
+/// The schedule of `case`'s drain (two waves, its deadline policy), started at `t0`.
+fn schedule(case: &Case, t0: Instant) -> Schedule {
+    Schedule::new(
         Limits {
             concurrency: case.concurrency,
-            timeout,
-            on_deadline,
+            timeout: Duration::from_secs(case.timeout_s),
+            on_deadline: if case.delete_fallback {
+                OnDeadline::Delete
+            } else {
+                OnDeadline::Abandon
+            },
         },
         PlanOptions {
             force: false,
@@ -232,126 +229,167 @@ fn drive(case: &Case) -> Result<(), TestCaseError> {
             ],
         },
         t0,
-    );
-    let deadline = t0 + timeout;
-    let fallback_at = deadline - plan::fallback_margin(timeout);
-    let mut on_node = vec![0i64; case.budgets.len()];
-    for (b, _) in &case.pods {
-        if let Some(b) = b {
-            on_node[*b] += 1;
+    )
+}
+
+impl Model {
+    /// The cluster of `case`: every pod on the node healthy, each budget's minimum its healthy
+    /// count less its slack.
+    fn of(case: &Case) -> Self {
+        let mut m = Model {
+            budget_of: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            healthy: Vec::new(),
+            min: Vec::new(),
+            replace_ms: case.budgets.iter().map(|b| b.replace_ms).collect(),
+            flaky: case.flaky.clone(),
+            requests: 0,
+            events: BTreeMap::new(),
+            in_flight: 0,
+            deleted: BTreeSet::new(),
+            evicted: BTreeSet::new(),
+            leave: Duration::from_millis(case.leave_ms),
+            latency: Duration::from_millis(case.latency_ms),
+        };
+        for (b, budget) in case.budgets.iter().enumerate() {
+            let on_node = case.pods.iter().filter(|(p, _)| *p == Some(b)).count();
+            let total = i64::try_from(on_node).unwrap_or(i64::MAX) + i64::from(budget.elsewhere);
+            m.healthy.push(total);
+            m.min.push((total - i64::from(budget.slack)).max(0));
         }
+        for (i, (b, _)) in case.pods.iter().enumerate() {
+            m.budget_of.insert(format!("p{i}"), *b);
+            m.pods.insert(format!("p{i}"), OnNode::Healthy);
+        }
+        m
     }
-    let mut m = Model {
-        budget_of: BTreeMap::new(),
-        pods: BTreeMap::new(),
-        healthy: Vec::new(),
-        min: Vec::new(),
-        replace_ms: case.budgets.iter().map(|b| b.replace_ms).collect(),
-        flaky: case.flaky.clone(),
-        requests: 0,
-        events: BTreeMap::new(),
-        in_flight: 0,
-        deleted: BTreeSet::new(),
-        evicted: BTreeSet::new(),
-        leave: Duration::from_millis(case.leave_ms),
-        latency: Duration::from_millis(case.latency_ms),
-    };
-    for (b, budget) in case.budgets.iter().enumerate() {
-        let total = on_node[b] + i64::from(budget.elsewhere);
-        m.healthy.push(total);
-        m.min.push((total - i64::from(budget.slack)).max(0));
-    }
-    for (i, (b, priority)) in case.pods.iter().enumerate() {
-        let p = pod(i, *b, *priority);
-        m.budget_of.insert(format!("p{i}"), *b);
-        m.pods.insert(format!("p{i}"), OnNode::Healthy);
-        s.track(&p, &|_, _| false);
-    }
-    let mut now = t0;
-    for _ in 0..100_000 {
-        // What happened by `now`, in order.
-        while let Some(at) = m.next_event().filter(|at| *at <= now) {
-            for e in m.events.remove(&at).unwrap_or_default() {
+
+    /// Feeds the schedule everything that happened by `now`, in order.
+    fn deliver(&mut self, s: &mut Schedule, now: Instant) {
+        while let Some(at) = self.next_event().filter(|at| *at <= now) {
+            for e in self.events.remove(&at).unwrap_or_default() {
                 match e {
                     Event::Evicted(uid, answer) => {
-                        m.in_flight -= 1;
-                        let matching = m.budget_of[&uid]
+                        self.in_flight -= 1;
+                        let matching = self.budget_of[&uid]
                             .map(|b| vec![format!("ns/b{b}")])
                             .unwrap_or_default();
                         s.evict_answered(&uid, &answer, matching, at);
                     }
                     Event::PodGone(uid) => {
-                        m.pods.insert(uid.clone(), OnNode::Gone);
+                        self.pods.insert(uid.clone(), OnNode::Gone);
                         s.gone(&uid);
                     }
-                    Event::Replaced(b) => m.healthy[b] += 1,
+                    Event::Replaced(b) => self.healthy[b] += 1,
                 }
             }
         }
-        let step = s.step(now, &|t| m.budget_open(t));
-        let (commands, wake) = match step {
-            Step::Done(_) => {
-                prop_assert!(
-                    now <= deadline + m.latency,
-                    "a drain that does not wait ended {:?} after its deadline",
-                    now - deadline
-                );
-                let tally = s.finish();
-                let gone: BTreeSet<String> = tally.evicted.iter().map(|p| p.uid.clone()).collect();
-                let model_gone: BTreeSet<String> = m
-                    .pods
-                    .iter()
-                    .filter(|(_, st)| **st == OnNode::Gone)
-                    .map(|(u, _)| u.clone())
-                    .collect();
-                prop_assert_eq!(gone, model_gone, "the report's gone pods");
-                let forced: BTreeSet<String> =
-                    tally.force_deleted.iter().map(|p| p.uid.clone()).collect();
-                prop_assert_eq!(forced, m.deleted.clone(), "the report's deleted pods");
-                prop_assert_eq!(
-                    tally.evicted.len() + tally.refused.len() + tally.left_behind.len(),
-                    case.pods.len(),
-                    "every pod once"
-                );
-                return Ok(());
-            }
-            Step::Run { commands, wake } => (commands, wake),
-        };
-        for c in &commands {
+    }
+
+    /// Runs the step's commands as the API server would, checking each.
+    fn perform(
+        &mut self,
+        s: &mut Schedule,
+        case: &Case,
+        commands: &[Command],
+        now: Instant,
+        fallback_at: Instant,
+    ) -> Result<(), TestCaseError> {
+        for c in commands {
             match c {
                 Command::Evict(p) => {
-                    m.in_flight += 1;
+                    self.in_flight += 1;
                     prop_assert!(
-                        m.in_flight <= case.concurrency,
+                        self.in_flight <= case.concurrency,
                         "{} evictions in flight, concurrency {}",
-                        m.in_flight,
+                        self.in_flight,
                         case.concurrency
                     );
-                    let answer = m.evict(&p.uid, now);
-                    m.at(now + m.latency, Event::Evicted(p.uid.clone(), answer));
+                    let answer = self.evict(&p.uid, now);
+                    self.at(now + self.latency, Event::Evicted(p.uid.clone(), answer));
                 }
                 Command::Delete { pod, .. } => {
                     prop_assert!(case.delete_fallback, "a delete without the delete fallback");
                     prop_assert!(now >= fallback_at, "a delete before the fallback's time");
                     prop_assert!(
-                        m.pods[&pod.uid] != OnNode::Gone,
+                        self.pods[&pod.uid] != OnNode::Gone,
                         "a delete of a pod already gone"
                     );
-                    let result = m.delete(&pod.uid, now);
+                    let result = self.delete(&pod.uid, now);
                     s.delete_answered(&pod.uid, result);
                 }
                 Command::WaveEnded { .. } | Command::WaitingPastDeadline => {}
             }
         }
-        for b in 0..m.healthy.len() {
-            let forced = m.deleted.iter().any(|u| m.budget_of[u] == Some(b));
+        Ok(())
+    }
+
+    /// No budget below its minimum but through a fallback delete of one of its pods.
+    fn check_budgets(&self) -> Result<(), TestCaseError> {
+        for b in 0..self.healthy.len() {
+            let forced = self.deleted.iter().any(|u| self.budget_of[u] == Some(b));
             prop_assert!(
-                m.healthy[b] >= m.min[b] || forced,
+                self.healthy[b] >= self.min[b] || forced,
                 "budget b{b} at {} healthy, minimum {}, with no fallback delete",
-                m.healthy[b],
-                m.min[b]
+                self.healthy[b],
+                self.min[b]
             );
         }
+        Ok(())
+    }
+}
+
+/// The drain ended at `now`: by its deadline, its report matching what happened.
+fn check_report(
+    s: Schedule,
+    m: &Model,
+    case: &Case,
+    now: Instant,
+    deadline: Instant,
+) -> Result<(), TestCaseError> {
+    prop_assert!(
+        now <= deadline + m.latency,
+        "a drain that does not wait ended {:?} after its deadline",
+        now - deadline
+    );
+    let tally = s.finish();
+    let gone: BTreeSet<String> = tally.evicted.iter().map(|p| p.uid.clone()).collect();
+    let model_gone: BTreeSet<String> = m
+        .pods
+        .iter()
+        .filter(|(_, st)| **st == OnNode::Gone)
+        .map(|(u, _)| u.clone())
+        .collect();
+    prop_assert_eq!(gone, model_gone, "the report's gone pods");
+    let forced: BTreeSet<String> = tally.force_deleted.iter().map(|p| p.uid.clone()).collect();
+    prop_assert_eq!(forced, m.deleted.clone(), "the report's deleted pods");
+    prop_assert_eq!(
+        tally.evicted.len() + tally.refused.len() + tally.left_behind.len(),
+        case.pods.len(),
+        "every pod once"
+    );
+    Ok(())
+}
+
+/// Runs the drain of `case` to its end, checking the properties on the way.
+fn drive(case: &Case) -> Result<(), TestCaseError> {
+    let t0 = Instant::now();
+    let mut s = schedule(case, t0);
+    let mut m = Model::of(case);
+    for (i, (b, priority)) in case.pods.iter().enumerate() {
+        s.track(&pod(i, *b, *priority), &|_, _| false);
+    }
+    let timeout = Duration::from_secs(case.timeout_s);
+    let (deadline, fallback_at) = (t0 + timeout, t0 + timeout - plan::fallback_margin(timeout));
+    let mut now = t0;
+    for _ in 0..100_000 {
+        m.deliver(&mut s, now);
+        let (commands, wake) = match s.step(now, &|t| m.budget_open(t)) {
+            Step::Done(_) => return check_report(s, &m, case, now, deadline),
+            Step::Run { commands, wake } => (commands, wake),
+        };
+        m.perform(&mut s, case, &commands, now, fallback_at)?;
+        m.check_budgets()?;
         // Answers are events; with none due, sleep until the next event or the wake-up.
         let next = m.next_event().map_or(wake, |e| e.min(wake));
         now = if commands.is_empty() {
