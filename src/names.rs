@@ -29,6 +29,10 @@ pub const CORDONED_BY: &str = "nodeward.io/cordoned-by";
 /// The pod annotation its owner sets to `never` to keep nodeward from ever evicting the pod.
 pub const DRAIN_ANNOTATION: &str = "nodeward.io/drain";
 
+/// The pod annotation capping how long a drain waits for the pod's budget (a duration such as
+/// `90s`) before the drain's deadline policy applies to it.
+pub const DRAIN_TIMEOUT_ANNOTATION: &str = "nodeward.io/drain-timeout";
+
 /// The annotation holding the RFC 3339 time the scaler found a node unneeded.
 pub const UNNEEDED_SINCE: &str = "nodeward.io/unneeded-since";
 

@@ -545,13 +545,10 @@ async fn a_dedicated_identity_writes_only_its_own_node(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
-/// A drain that a budget blocks says why, where kubectl users look: the Node's
-/// nodeward.io/Draining condition names the pod, its budget and the deadline while it waits, and
-/// the outcome after; each blocked pod gets one Event naming its budget, however often the drain
-/// retries it.
-async fn a_blocked_drain_explains_itself(cluster: Cluster) {
-    let (admin, ns, target, spare) = setup(&cluster, 2).await;
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), &ns);
+/// Makes the setup's budget allow no disruption (minAvailable 2), and waits until the
+/// disruption controller says so.
+async fn close_budget(admin: &kube::Client, ns: &str) {
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), ns);
     pdbs.patch(
         "web",
         &PatchParams::default(),
@@ -573,6 +570,15 @@ async fn a_blocked_drain_explains_itself(cluster: Cluster) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A drain that a budget blocks says why, where kubectl users look: the Node's
+/// nodeward.io/Draining condition names the pod, its budget and the deadline while it waits, and
+/// the outcome after; each blocked pod gets one Event naming its budget, however often the drain
+/// retries it.
+async fn a_blocked_drain_explains_itself(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    close_budget(&admin, &ns).await;
     let kc = cluster.node_kubeconfig(&target);
     let t0 = std::time::Instant::now();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
@@ -653,6 +659,36 @@ async fn a_blocked_drain_explains_itself(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
+/// A pod's own nodeward.io/drain-timeout caps how long the drain waits for its budget: with the
+/// budget closed and the node's deadline 60 s away, the drain gives the pods up 2 s after their
+/// first refusal and ends (exit 3, listing them), instead of waiting out the node's deadline.
+async fn a_pods_own_drain_timeout_caps_its_wait(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    close_budget(&admin, &ns).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    for p in pods_of(&admin, &ns, "web").await {
+        let name = p.metadata.name.expect("name");
+        pods.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"nodeward.io/drain-timeout": "2s"}}}),
+            ),
+        )
+        .await
+        .expect("annotate");
+    }
+    let t0 = std::time::Instant::now();
+    let out = drain(&cluster.node_kubeconfig(&target), &target, "60s");
+    let took = t0.elapsed();
+    eprintln!("drain with the budget closed, pods capped at 2 s: {took:?}");
+    assert_eq!(out.status.code(), Some(3), "{}", common::output_text(&out));
+    assert!(took < Duration::from_secs(20), "waited {took:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("2 left behind"), "{}", common::output_text(&out));
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
 real_only! {
     a_dedicated_agent_identity_writes_only_its_own_node => super::a_dedicated_identity_writes_only_its_own_node;
     a_node_drains_itself_within_the_budget => super::node_drains_itself_within_the_budget;
@@ -662,4 +698,5 @@ real_only! {
     the_agent_gates_on_the_drains_api_access => super::agent_gates_on_drain_access;
     a_terminating_namespace_is_waited_for_not_forbidden => super::a_terminating_namespace_is_waited_for;
     a_blocked_drain_explains_itself_on_the_node_and_its_pods => super::a_blocked_drain_explains_itself;
+    a_pods_own_drain_timeout_caps_its_wait_for_its_budget => super::a_pods_own_drain_timeout_caps_its_wait;
 }

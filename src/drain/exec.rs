@@ -649,7 +649,7 @@ impl<'a> Drain<'a> {
         };
         let mut schedule = Schedule::new(limits, self.opts.plan.clone(), started);
         for pod in w.pods.state() {
-            schedule.track(&pod, &daemonset_in(&w.daemonsets));
+            self.track(&mut schedule, &pod, &w.daemonsets);
         }
         let (to_evict, refused) = schedule.counts();
         info!(
@@ -720,7 +720,7 @@ impl<'a> Drain<'a> {
                             w.pods.apply(&ev);
                             match &ev {
                                 watcher::Event::Apply(p) => {
-                                    schedule.track(p, &daemonset_in(&w.daemonsets));
+                                    self.track(&mut schedule, p, &w.daemonsets);
                                 }
                                 watcher::Event::Delete(p) => {
                                     schedule.gone(p.metadata.uid.as_deref().unwrap_or_default());
@@ -799,6 +799,31 @@ impl<'a> Drain<'a> {
         }
         if let Some(n) = narrator {
             n.finish(report.outcome, &note).await;
+        }
+    }
+
+    /// Takes a pod into the drain; what its annotations get wrong is logged and said on the pod.
+    fn track(
+        &self,
+        schedule: &mut Schedule,
+        pod: &Pod,
+        daemonsets: &Mirror<PartialObjectMeta<DaemonSet>>,
+    ) {
+        schedule.track(pod, &daemonset_in(daemonsets));
+        for note in schedule.take_notes() {
+            warn!(node = self.node, "{note}");
+            let (recorder, reference) = (self.recorder.clone(), pod.object_ref(&()));
+            tokio::spawn(async move {
+                crate::events::publish(
+                    &recorder,
+                    &reference,
+                    EventType::Warning,
+                    "BadDrainAnnotation",
+                    "Drain",
+                    note,
+                )
+                .await;
+            });
         }
     }
 

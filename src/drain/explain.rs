@@ -88,7 +88,7 @@ pub fn explain<'a>(
     let mut blocker: Option<(Instant, &Tracked, &[String])> = None;
     for t in pods {
         match &t.state {
-            PodState::Gone | PodState::Refused(_) => continue,
+            PodState::Gone | PodState::Refused(_) | PodState::GaveUp => continue,
             PodState::Pending | PodState::InFlight => busy = true,
             PodState::Backoff { .. } => retrying = true,
             PodState::Leaving => {}

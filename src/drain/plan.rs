@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::config::Wave;
 
-pub use crate::names::DRAIN_ANNOTATION;
+pub use crate::names::{DRAIN_ANNOTATION, DRAIN_TIMEOUT_ANNOTATION};
 /// Annotation kubelet sets on mirror pods of static pods.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 /// Priority of `system-cluster-critical`; `system-node-critical` is 2000001000.
@@ -187,6 +187,28 @@ impl PlanOptions {
             delete_emptydir_data: self.delete_emptydir_data,
         }
     }
+}
+
+/// How long the drain waits for the pod's budget before its deadline policy applies to the pod
+/// ([`DRAIN_TIMEOUT_ANNOTATION`]); an annotation that is not a duration is an error naming the
+/// pod and the expected form (the drain then ignores it).
+pub fn budget_wait(pod: &Pod) -> Result<Option<Duration>, String> {
+    let Some(v) = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DRAIN_TIMEOUT_ANNOTATION))
+    else {
+        return Ok(None);
+    };
+    humantime::parse_duration(v.trim()).map(Some).map_err(|e| {
+        format!(
+            "pod {}: annotation {DRAIN_TIMEOUT_ANNOTATION}={v:?} is not a duration ({e}); expected \
+             a form such as \"90s\" or \"5m\"; ignored: the pod waits for its budget until the \
+             node's deadline",
+            PodRef::of(pod)
+        )
+    })
 }
 
 /// The effective priority: `spec.priority`, or for the two system classes their value when the

@@ -105,6 +105,9 @@ pub enum PodState {
     Gone,
     /// Will not be evicted.
     Refused(Refusal),
+    /// Its budget blocked it past its own `nodeward.io/drain-timeout` under `on_deadline =
+    /// abandon`: the drain no longer waits for it (reported as left behind).
+    GaveUp,
 }
 
 /// One pod the drain evicts or refuses.
@@ -125,11 +128,23 @@ pub struct Tracked {
     /// The `delete` fallback sent its deletion (once per pod; a failed one leaves the pod to
     /// the evictions and the deadline).
     pub fallback_sent: bool,
+    /// How long the drain waits for its budget (`nodeward.io/drain-timeout`), if it says.
+    pub budget_wait: Option<Duration>,
+    /// When a budget first refused it.
+    pub first_blocked: Option<Instant>,
 }
 
 impl Tracked {
     fn settled(&self) -> bool {
-        matches!(self.state, PodState::Gone | PodState::Refused(_))
+        matches!(
+            self.state,
+            PodState::Gone | PodState::Refused(_) | PodState::GaveUp
+        )
+    }
+
+    /// When its own wait for its budget ends, if it has one and a budget has refused it.
+    fn own_deadline(&self) -> Option<Instant> {
+        Some(self.first_blocked? + self.budget_wait?)
     }
 }
 
@@ -213,6 +228,7 @@ pub struct Schedule {
     wave: usize,
     pods: BTreeMap<String, Tracked>,
     skipped: Vec<(PodRef, SkipReason)>,
+    notes: Vec<String>,
     force_deleted: Vec<PodRef>,
     in_flight: usize,
     eviction_requests: usize,
@@ -235,6 +251,7 @@ impl Schedule {
             wave: 0,
             pods: BTreeMap::new(),
             skipped: Vec::new(),
+            notes: Vec::new(),
             force_deleted: Vec::new(),
             in_flight: 0,
             eviction_requests: 0,
@@ -255,6 +272,10 @@ impl Schedule {
             return;
         }
         let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let budget_wait = plan::budget_wait(pod).unwrap_or_else(|note| {
+            self.notes.push(note);
+            None
+        });
         let (wave, state) = match plan::decide(pod, &self.plan, daemonset_exists) {
             Decision::Evict { wave, .. } if pod.metadata.deletion_timestamp.is_some() => {
                 (wave, PodState::Leaving)
@@ -276,8 +297,16 @@ impl Schedule {
                 attempts: 0,
                 outstanding: 0,
                 fallback_sent: false,
+                budget_wait,
+                first_blocked: None,
             },
         );
+    }
+
+    /// What tracking found wrong with pods (an annotation that is not a duration), each once,
+    /// for the executor to log.
+    pub fn take_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notes)
     }
 
     /// The pod `uid` left the node (a watch's delete event).
@@ -347,7 +376,10 @@ impl Schedule {
                 .pods
                 .values()
                 .any(|t| matches!(t.state, PodState::Refused(_)));
-            return Step::Done(if refused {
+            let gave_up = self.pods.values().any(|t| t.state == PodState::GaveUp);
+            return Step::Done(if gave_up {
+                DrainOutcome::DeadlineExceeded
+            } else if refused {
                 DrainOutcome::Refused
             } else {
                 DrainOutcome::Drained
@@ -364,6 +396,7 @@ impl Schedule {
             }
         }
         let delete = self.limits.on_deadline == OnDeadline::Delete;
+        self.own_deadlines(now, &mut commands);
         if delete && now >= self.fallback_at {
             self.fallback_started = true;
             let grace = self.deadline.saturating_duration_since(now);
@@ -407,6 +440,16 @@ impl Schedule {
         if self.wave + 1 < self.wave_ends.len() {
             wake = wake.min(self.wave_ends[self.wave]);
         }
+        if let Some(own) = self
+            .pods
+            .values()
+            .filter(|t| !wait && !t.settled())
+            .filter_map(Tracked::own_deadline)
+            .filter(|d| *d > now)
+            .min()
+        {
+            wake = wake.min(own);
+        }
         if self.in_flight < self.limits.concurrency
             && let Some(t) = self
                 .pods
@@ -418,6 +461,33 @@ impl Schedule {
             wake = wake.min(t);
         }
         Step::Run { commands, wake }
+    }
+
+    /// Pods whose budget has blocked them past their own drain timeout get the deadline policy
+    /// now, not at the node's deadline: deleted under `delete` (with the time left to the node's
+    /// deadline as grace), given up under `abandon`; `wait` waits on.
+    fn own_deadlines(&mut self, now: Instant, commands: &mut Vec<Command>) {
+        let grace = self.deadline.saturating_duration_since(now);
+        for t in self.pods.values_mut() {
+            let due = t.own_deadline().is_some_and(|d| now >= d);
+            if !due || t.settled() || t.state == PodState::Leaving || t.outstanding > 0 {
+                continue;
+            }
+            match self.limits.on_deadline {
+                OnDeadline::Delete if !t.fallback_sent => {
+                    t.state = PodState::InFlight;
+                    t.fallback_sent = true;
+                    t.outstanding += 1;
+                    self.in_flight += 1;
+                    commands.push(Command::Delete {
+                        pod: t.pod.clone(),
+                        grace,
+                    });
+                }
+                OnDeadline::Abandon => t.state = PodState::GaveUp,
+                OnDeadline::Delete | OnDeadline::Wait => {}
+            }
+        }
     }
 
     /// Advances through waves whose pods are all settled or whose share of time is spent.
@@ -460,10 +530,13 @@ impl Schedule {
         }
         t.state = match answer.outcome() {
             Outcome::Evicted | Outcome::Gone | Outcome::NamespaceTerminating => PodState::Leaving,
-            Outcome::BudgetExhausted => PodState::Blocked {
-                since: now,
-                budgets: matching,
-            },
+            Outcome::BudgetExhausted => {
+                t.first_blocked.get_or_insert(now);
+                PodState::Blocked {
+                    since: now,
+                    budgets: matching,
+                }
+            }
             Outcome::Retry => PodState::Backoff {
                 until: now + backoff(t.attempts),
             },

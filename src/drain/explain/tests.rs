@@ -17,6 +17,8 @@ fn tracked(name: &str, state: PodState) -> Tracked {
         attempts: 1,
         outstanding: 0,
         fallback_sent: false,
+        budget_wait: None,
+        first_blocked: None,
     }
 }
 

@@ -455,3 +455,108 @@ fn nothing_to_do_is_drained_at_once_and_a_pod_is_tracked_once() {
         "a later watch event does not reset a tracked pod"
     );
 }
+
+fn annotated(name: &str, timeout: &str) -> Pod {
+    let mut p = pod(name, 0);
+    p.metadata.annotations = Some(
+        [(
+            plan::DRAIN_TIMEOUT_ANNOTATION.to_string(),
+            timeout.to_string(),
+        )]
+        .into(),
+    );
+    p
+}
+
+fn blocked_at(s: &mut Schedule, name: &str, at: Instant) {
+    s.evict_answered(
+        name,
+        &answer(429, Cause::DisruptionBudget),
+        vec!["ns/web".into()],
+        at,
+    );
+}
+
+#[test]
+fn a_pods_own_drain_timeout_starts_at_its_first_refusal_and_applies_the_policy_to_it_alone() {
+    for policy in [OnDeadline::Delete, OnDeadline::Abandon, OnDeadline::Wait] {
+        let t0 = Instant::now();
+        let mut s = schedule(policy, 10, t0);
+        s.track(&annotated("capped", "2s"), &no_daemonsets);
+        s.track(&pod("free", 0), &no_daemonsets);
+        assert!(s.take_notes().is_empty());
+        assert_eq!(
+            evicted(&run(&mut s, t0, Duration::ZERO, &closed)),
+            ["capped", "free"]
+        );
+        // Refused first at 1 s, again at 2.5 s: its own 2 s count from the first refusal.
+        blocked_at(&mut s, "capped", t0 + Duration::from_secs(1));
+        blocked_at(&mut s, "free", t0 + Duration::from_secs(1));
+        let early = run(&mut s, t0, Duration::from_millis(1500), &closed);
+        // Under wait the pod's own timeout changes nothing: the next wake is the budget
+        // retry's ceiling, 5 s after the refusal.
+        let want_wake = if policy == OnDeadline::Wait {
+            t0 + Duration::from_secs(1) + BUDGET_RETRY_CEILING
+        } else {
+            t0 + Duration::from_secs(3)
+        };
+        assert_eq!(wake(&early, t0), want_wake - t0, "{policy:?}");
+        let at = run(&mut s, t0, Duration::from_secs(3), &closed);
+        let Step::Run { commands, .. } = &at else {
+            panic!("{policy:?}: {at:?}")
+        };
+        let deleted: Vec<&str> = commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Delete { pod, grace } => {
+                    assert_eq!(
+                        *grace,
+                        Duration::from_secs(7),
+                        "the time left to the node's deadline"
+                    );
+                    Some(pod.name.as_str())
+                }
+                _ => None,
+            })
+            .collect();
+        let capped = s.get("capped").map(|t| t.state.clone());
+        match policy {
+            OnDeadline::Delete => assert_eq!(deleted, ["capped"]),
+            OnDeadline::Abandon => {
+                assert!(deleted.is_empty());
+                assert_eq!(capped, Some(PodState::GaveUp));
+                // The other pod goes: the drain ends without waiting for the capped one.
+                gone(&mut s, &["free"]);
+                assert_eq!(
+                    run(&mut s, t0, Duration::from_secs(4), &closed),
+                    Step::Done(DrainOutcome::DeadlineExceeded)
+                );
+                let tally = s.finish();
+                assert_eq!(tally.left_behind.len(), 1);
+                assert_eq!(tally.left_behind[0].name, "capped");
+            }
+            OnDeadline::Wait => {
+                assert!(deleted.is_empty());
+                assert!(matches!(capped, Some(PodState::Blocked { .. })));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_drain_timeout_that_is_not_a_duration_is_said_once_and_ignored() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&annotated("typo", "ninety seconds"), &no_daemonsets);
+    let notes = s.take_notes();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("ns/typo")
+            && notes[0].contains("nodeward.io/drain-timeout")
+            && notes[0].contains("\"90s\""),
+        "{}",
+        notes[0]
+    );
+    assert!(s.take_notes().is_empty());
+    assert_eq!(s.get("typo").and_then(|t| t.budget_wait), None);
+}
