@@ -58,8 +58,12 @@ pub enum Command {
         nodeward controller --kubeconfig /etc/nodeward/controller.kubeconfig\n  \
         nodeward controller --mode bootstrap --dry-run")]
     Controller(ControllerArgs),
-    /// Show what the agent on this node sees.
-    Status,
+    /// Show what the agent on this node sees, and what a drain of the node waits on.
+    Status {
+        /// `text` for people, `json` for scripts.
+        #[arg(long, value_enum, default_value = "text")]
+        output: StatusOutput,
+    },
     /// Validate or show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -86,6 +90,16 @@ pub enum ConfigCommand {
         #[arg(long, value_enum, default_value = "toml")]
         output: ConfigOutput,
     },
+}
+
+/// How `nodeward status` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatusOutput {
+    /// Lines like `systemctl status`.
+    Text,
+    /// `{"agent": {...the status file...}, "agent_running": true, "draining": {...} | null,
+    /// "node_error": null}`.
+    Json,
 }
 
 /// How `nodeward config check` prints.

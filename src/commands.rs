@@ -43,7 +43,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Drain(args) => block_on(drain(cli.config.as_deref(), args)),
         Command::Cordon(args) => block_on(cordon(cli.config.as_deref(), args)),
         Command::Uncordon(args) => block_on(uncordon(cli.config.as_deref(), args)),
-        Command::Status => block_on(status(cli.config.as_deref())),
+        Command::Status { output } => block_on(status(cli.config.as_deref(), output)),
         Command::Scaler(args) => block_on(scaler(cli.config.as_deref(), args)),
         Command::Controller(args) => block_on(controller(args)),
     }
@@ -391,12 +391,20 @@ fn agent_kubeconfig(settings: &crate::config::Settings) -> Option<std::path::Pat
     }
 }
 
-async fn status(config: Option<&Path>) -> anyhow::Result<u8> {
+async fn status(config: Option<&Path>, output: crate::cli::StatusOutput) -> anyhow::Result<u8> {
     let (settings, _) = crate::config::load(config)?;
     let st = crate::agent::status::read(&settings.agent.status_file)?;
-    print!("{st}");
     let client = client_for(None, &settings).await.map_err(|e| describe(&e));
-    print!("{}", crate::agent::status::live(&st, client).await);
+    match output {
+        crate::cli::StatusOutput::Text => {
+            print!("{st}");
+            print!("{}", crate::agent::status::live(&st, client).await);
+        }
+        crate::cli::StatusOutput::Json => {
+            let doc = crate::agent::status::live_json(&st, client).await;
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        }
+    }
     Ok(EXIT_OK)
 }
 

@@ -546,17 +546,56 @@ async fn boot_deadline_reports_node_not_ready_in_time() {
     agent
         .wait_status("not ready in time", |s| s.not_ready_in_time)
         .await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
-        .arg("status")
-        .arg("--config")
-        .arg(agent.config_file())
-        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
-        .output()
-        .expect("nodeward status");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    // The emulator answers from this test's runtime: the command runs off it.
+    let config = agent.config_file().to_path_buf();
+    let status = move |output: &'static str| {
+        let config = config.clone();
+        async move {
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+                .args(["status", "--output", output, "--config"])
+                .arg(&config)
+                .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+                .output()
+                .await
+                .expect("nodeward status");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    };
+    let text = status("text").await;
     assert!(text.contains("NOT READY IN TIME"), "{text}");
     assert!(text.contains("Fail    file"), "{text}");
+    assert!(
+        text.contains("drain:       none seen on this Node"),
+        "{text}"
+    );
+
+    // A drain of the node (the agent's, an operator's, the scaler's) says what it waits on.
+    emu.modify("nodes", None, NODE, |n| {
+        let conditions = n["status"]["conditions"].as_array_mut().expect("conditions");
+        conditions.push(json!({"type": "nodeward.io/Draining", "status": "True",
+            "reason": "WaitingForBudget",
+            "message": "1 pod left; default/web-0 blocked by PDB default/web (0 disruptions allowed) for 4 s; deadline in 50 s",
+            "lastHeartbeatTime": jiff::Timestamp::now().to_string(),
+            "lastTransitionTime": jiff::Timestamp::now().to_string()}));
+    })
+    .expect("draining");
+    let text = status("text").await;
+    assert!(
+        text.contains("drain:       draining since ")
+            && text.contains(
+                ": WaitingForBudget: 1 pod left; default/web-0 blocked by PDB default/web"
+            ),
+        "{text}"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&status("json").await).expect("json");
+    assert_eq!(doc["draining"]["reason"], "WaitingForBudget", "{doc}");
+    assert_eq!(doc["agent"]["not_ready_in_time"], true, "{doc}");
+    assert_eq!(doc["agent_running"], true, "{doc}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -685,7 +685,11 @@ async fn a_pods_own_drain_timeout_caps_its_wait(cluster: Cluster) {
     assert_eq!(out.status.code(), Some(3), "{}", common::output_text(&out));
     assert!(took < Duration::from_secs(20), "waited {took:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("2 left behind"), "{}", common::output_text(&out));
+    assert!(
+        stdout.contains("2 left behind"),
+        "{}",
+        common::output_text(&out)
+    );
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 

@@ -248,20 +248,50 @@ pub async fn live(st: &Status, client: Result<kube::Client, String>) -> String {
         nodes.get(&st.node).await.map_err(|e| e.to_string())
     };
     let _ = match tokio::time::timeout(LIVE_TIMEOUT, node).await {
-        Ok(Ok(n)) => writeln!(
-            out,
-            "  node:        cordoned by {}; startup taint {}",
-            super::node::cordon_owner(&n).unwrap_or_else(|| "nobody".into()),
-            if crate::readiness::has_startup_taint(&n) {
-                "present"
-            } else {
-                "absent"
+        Ok(Ok(n)) => {
+            let _ = writeln!(
+                out,
+                "  node:        cordoned by {}; startup taint {}",
+                super::node::cordon_owner(&n).unwrap_or_else(|| "nobody".into()),
+                if crate::readiness::has_startup_taint(&n) {
+                    "present"
+                } else {
+                    "absent"
+                }
+            );
+            match crate::drain::explain::condition(&n) {
+                Some(c) => writeln!(
+                    out,
+                    "  drain:       {}",
+                    crate::drain::explain::describe(c, jiff::Timestamp::now())
+                ),
+                None => writeln!(out, "  drain:       none seen on this Node"),
             }
-        ),
+        }
         Ok(Err(e)) => writeln!(out, "  node:        unreachable: {e}"),
         Err(_) => writeln!(out, "  node:        no answer within {LIVE_TIMEOUT:?}"),
     };
     out
+}
+
+/// `nodeward status --output json`: the status file, whether its agent still runs, and the
+/// Node's `nodeward.io/Draining` condition as the API server has it now (or why not).
+pub async fn live_json(st: &Status, client: Result<kube::Client, String>) -> serde_json::Value {
+    let node = async {
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client?);
+        nodes.get(&st.node).await.map_err(|e| e.to_string())
+    };
+    let (draining, node_error) = match tokio::time::timeout(LIVE_TIMEOUT, node).await {
+        Ok(Ok(n)) => (crate::drain::explain::condition(&n).cloned(), None),
+        Ok(Err(e)) => (None, Some(e)),
+        Err(_) => (None, Some(format!("no answer within {LIVE_TIMEOUT:?}"))),
+    };
+    serde_json::json!({
+        "agent": st,
+        "agent_running": alive(st.pid),
+        "draining": draining,
+        "node_error": node_error,
+    })
 }
 
 /// Reads the status file.

@@ -8,7 +8,7 @@
 //! run with bounded concurrency as futures polled by the same loop, so nothing needs a lock.
 //! What to send when is decided by [`super::step::Schedule`], purely; this file only performs it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::stream::{BoxStream, FuturesUnordered};
@@ -36,9 +36,6 @@ use super::step::{Command, Deleted, Limits, Refusal, Schedule, Step, Tracked, Ve
 use crate::config::OnDeadline;
 use crate::node_write::{self, NodeWrite, WriteError};
 use crate::store::Mirror;
-
-/// Progress lines at most this often.
-const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// Errors that stop a drain, cordon or uncordon.
 #[derive(Debug, thiserror::Error)]
@@ -679,8 +676,6 @@ impl<'a> Drain<'a> {
         let mut narrator =
             eventful.then(|| Narrator::new(self.client, self.node, self.recorder.clone()));
         let mut inflight: FuturesUnordered<Request> = FuturesUnordered::new();
-        let mut last_progress = started;
-        let mut progress_dirty = true;
         let outcome = loop {
             let now = Instant::now();
             // One snapshot of the budgets per step, not one per blocked pod.
@@ -699,20 +694,9 @@ impl<'a> Drain<'a> {
                 });
                 wake = wake.min(n.update(now, &e));
             }
-            if progress_dirty && now >= last_progress + PROGRESS_EVERY {
-                log_progress(self.node, &schedule);
-                last_progress = now;
-                progress_dirty = false;
-            }
-            let wake = if progress_dirty {
-                wake.min(last_progress + PROGRESS_EVERY)
-            } else {
-                wake
-            };
             tokio::select! {
                 Some((pod, reply)) = inflight.next(), if !inflight.is_empty() => {
                     self.answered(&mut schedule, &w.budgets, &pod, reply, narrator.as_mut())?;
-                    progress_dirty = true;
                 }
                 Some(ev) = w.pod_events.next() => {
                     match ev {
@@ -732,7 +716,6 @@ impl<'a> Drain<'a> {
                         }
                         Err(e) => check_watch_error(self.node, &e, "list and watch pods")?,
                     }
-                    progress_dirty = true;
                 }
                 Some(ev) = w.pdb_events.next() => match ev {
                     Ok(ev) => w.budgets.apply(&ev),
@@ -974,41 +957,6 @@ fn uid_precondition(pod: &PodRef) -> kube::api::Preconditions {
     kube::api::Preconditions {
         uid: Some(pod.uid.clone()),
         resource_version: None,
-    }
-}
-
-fn log_progress(node: &str, schedule: &Schedule) {
-    use super::step::PodState;
-    let total = schedule
-        .tracked()
-        .filter(|t| !matches!(t.state, PodState::Refused(_)))
-        .count();
-    let gone = schedule
-        .tracked()
-        .filter(|t| t.state == PodState::Gone)
-        .count();
-    let mut blocked: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut waiting = 0;
-    for t in schedule.tracked() {
-        if let PodState::Blocked { budgets, .. } = &t.state {
-            waiting += 1;
-            for b in budgets {
-                *blocked.entry(b.as_str()).or_default() += 1;
-            }
-        }
-    }
-    let on: Vec<&str> = blocked.keys().copied().collect();
-    if waiting > 0 {
-        info!(
-            node,
-            evicted = gone,
-            total,
-            waiting,
-            "evicted {gone}/{total}, {waiting} waiting on PDB {}",
-            on.join(", ")
-        );
-    } else {
-        info!(node, evicted = gone, total, "evicted {gone}/{total}");
     }
 }
 

@@ -10,6 +10,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::NodeCondition;
 use tokio::time::Instant;
 
 use super::plan::PodRef;
@@ -166,6 +167,43 @@ impl fmt::Display for Explanation {
             Some(d) => write!(f, "; deadline in {} s", secs(d)),
             None => f.write_str("; deadline passed, still waiting"),
         }
+    }
+}
+
+/// The Node's [`CONDITION_TYPE`] condition, if a drain ever wrote one.
+pub fn condition(node: &k8s_openapi::api::core::v1::Node) -> Option<&NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == CONDITION_TYPE)
+}
+
+/// The condition in words for `nodeward status` at `now`: a running drain with what it waits
+/// on and how fresh that is (the message's timers are rewritten every [`REFRESH`] at most), or
+/// how the last one ended and when.
+pub fn describe(c: &NodeCondition, now: jiff::Timestamp) -> String {
+    let at = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+        t.map(|t| t.0.to_string()).unwrap_or_else(|| "?".into())
+    };
+    let age = c
+        .last_heartbeat_time
+        .as_ref()
+        .and_then(|t| (now.as_second() - t.0.as_second()).try_into().ok())
+        .map_or_else(String::new, |s: u64| format!(" (said {s} s ago)"));
+    let reason = c.reason.as_deref().unwrap_or("?");
+    let message = c.message.as_deref().unwrap_or_default();
+    if c.status == "True" {
+        format!(
+            "draining since {}: {reason}: {message}{age}",
+            at(c.last_transition_time.as_ref())
+        )
+    } else {
+        format!(
+            "not draining; the last drain ended {}: {reason}: {message}",
+            at(c.last_transition_time.as_ref())
+        )
     }
 }
 

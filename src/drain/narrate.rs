@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{EventType, Recorder};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::explain::{self, CONDITION_TYPE, Explanation};
 use super::plan::PodRef;
@@ -69,6 +69,10 @@ impl Narrator {
             self.warned.clone(),
         );
         let (reason, message) = (e.reason.as_str(), e.to_string());
+        if changed {
+            // One line per change (at most one a second): what `nodeward drain` shows.
+            info!(node = self.node, reason, "{message}");
+        }
         self.writing = Some(tokio::spawn(async move {
             write(&client, &node, true, reason, &message, &since, &warned).await;
         }));

@@ -125,3 +125,27 @@ fn the_cause_ignores_the_timers_and_writes_are_spaced() {
     assert_eq!(write_at(Some(t0), true), Some(t0 + MIN_WRITE_GAP));
     assert_eq!(write_at(Some(t0), false), Some(t0 + REFRESH));
 }
+
+#[test]
+fn nodeward_status_describes_a_running_drain_and_the_last_one() {
+    let now: jiff::Timestamp = "2026-11-26T22:00:20Z".parse().expect("time");
+    let c = |status: &str, reason: &str, message: &str| -> NodeCondition {
+        serde_json::from_value(serde_json::json!({
+            "type": CONDITION_TYPE, "status": status, "reason": reason, "message": message,
+            "lastHeartbeatTime": "2026-11-26T22:00:17Z",
+            "lastTransitionTime": "2026-11-26T22:00:00Z"
+        }))
+        .expect("condition")
+    };
+    assert_eq!(
+        describe(
+            &c("True", "WaitingForBudget", "2 pods left; deadline in 78 s"),
+            now
+        ),
+        "draining since 2026-11-26T22:00:00Z: WaitingForBudget: 2 pods left; deadline in 78 s (said 3 s ago)"
+    );
+    assert_eq!(
+        describe(&c("False", "Drained", "6 pods evicted in 1.2s"), now),
+        "not draining; the last drain ended 2026-11-26T22:00:00Z: Drained: 6 pods evicted in 1.2s"
+    );
+}
