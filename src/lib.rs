@@ -18,6 +18,7 @@ pub mod lease;
 pub mod logging;
 pub mod logind;
 pub mod names;
+pub mod metrics_http;
 pub mod node_write;
 pub mod readiness;
 pub mod render;

@@ -291,7 +291,7 @@ impl<P: Provider + 'static> Scaler<P> {
         let s = &inner.settings;
         let _metrics_task = match s.metrics_address {
             Some(addr) => Some(AbortOnDrop(
-                metrics::serve(addr, inner.metrics.clone())
+                crate::metrics_http::serve(addr, inner.metrics.clone())
                     .await
                     .map_err(|source| Error::Metrics { addr, source })?
                     .1,
