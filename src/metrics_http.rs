@@ -197,12 +197,9 @@ mod tests {
     /// server this replaced waited for it for ever).
     #[tokio::test(start_paused = true)]
     async fn a_silent_client_is_cut_off() {
-        let (addr, task) = serve(
-            "127.0.0.1:0".parse().expect("addr"),
-            Arc::new(Fixed(None)),
-        )
-        .await
-        .expect("bind");
+        let (addr, task) = serve("127.0.0.1:0".parse().expect("addr"), Arc::new(Fixed(None)))
+            .await
+            .expect("bind");
         let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let started = tokio::time::Instant::now();
         let mut buf = Vec::new();

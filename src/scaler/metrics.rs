@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -290,7 +290,7 @@ impl<P: Provider + 'static> Scaler<P> {
         let inner = self.inner.clone();
         let s = &inner.settings;
         let _metrics_task = match s.metrics_address {
-            Some(addr) => Some(AbortOnDrop(
+            Some(addr) => Some(crate::task::AbortOnDrop(
                 crate::metrics_http::serve(addr, inner.metrics.clone())
                     .await
                     .map_err(|source| Error::Metrics { addr, source })?
@@ -301,7 +301,7 @@ impl<P: Provider + 'static> Scaler<P> {
         let renew_every = s.lease_duration / 3;
         let _election = {
             let inner = inner.clone();
-            AbortOnDrop(tokio::spawn(async move {
+            crate::task::AbortOnDrop(tokio::spawn(async move {
                 loop {
                     let until = inner.elector.try_acquire().await;
                     inner.metrics.leader.set(i64::from(until.is_some()));
@@ -315,7 +315,7 @@ impl<P: Provider + 'static> Scaler<P> {
         liveness.beat();
         let _watchdog = sd_notify::watchdog_enabled().map(|period| {
             let inner = inner.clone();
-            AbortOnDrop(tokio::spawn(async move {
+            crate::task::AbortOnDrop(tokio::spawn(async move {
                 feed_watchdog(&inner.metrics.liveness, period).await
             }))
         });
@@ -396,16 +396,6 @@ async fn feed_watchdog(liveness: &metrics::Liveness, period: Duration) {
             }
             Some(_) => {}
         }
-    }
-}
-
-/// Aborts a helper task when the scaler's future is dropped (cancelled or finished), so an
-/// abandoned scaler stops renewing its Lease at once.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
