@@ -386,6 +386,20 @@ async fn agent_gates_on_drain_access(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
+/// `GET /metrics` from 127.0.0.1:`port`.
+async fn scrape(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("the agent serves metrics");
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("send");
+    let mut buf = Vec::new();
+    c.read_to_end(&mut buf).await.expect("read");
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
 /// The agent as the node's identity, holding its logind delay lock (the real systemd-logind on a
 /// private bus): PowerOff → it drains through the real Eviction API and budget → the lock goes
 /// before logind's cap, and the real ReplicaSet controller's replacements run elsewhere.
@@ -400,10 +414,14 @@ async fn agent_drains_at_poweroff(cluster: Cluster) {
     })
     .await
     .unwrap_or_else(|e| panic!("cannot start the logind harness: {e}"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
     let agent = common::spawn_agent_with_logind(
         &target,
         &cluster.node_kubeconfig(&target),
-        "[drain]\ntimeout = \"15s\"",
+        &format!("metrics_address = \"127.0.0.1:{port}\"\n[drain]\ntimeout = \"15s\""),
         Some((h.bus_address(), h.dropin_dir())),
     );
     h.wait_for_inhibitors(LIMIT, |l| {
@@ -430,6 +448,22 @@ async fn agent_drains_at_poweroff(cluster: Cluster) {
         "every pod left the node\n{}",
         agent.log_text()
     );
+    // What the agent's /metrics says about it.
+    let metrics = scrape(port).await;
+    for line in [
+        "nodeward_drain_duration_seconds_count{outcome=\"drained\"} 1",
+        "nodeward_drain_in_progress 0",
+        "nodeward_agent_shutdown_lock_held 0",
+        "nodeward_agent_readiness_gates_passing 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
+    let evicted: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("nodeward_drain_evictions_total{code=\"201\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert_eq!(evicted, 6, "{metrics}");
     wait_replaced(&admin, &ns, &spare, 6).await;
     assert!(
         agent.log_text().contains("shutdown drain ended"),

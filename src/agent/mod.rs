@@ -24,6 +24,7 @@
 //! only gathers facts and acts.
 
 mod lock;
+pub mod metrics;
 pub mod node;
 mod shutdown;
 pub mod state;
@@ -157,7 +158,19 @@ pub async fn run(settings: Settings, node: String, api: ApiAccess) -> Result<(),
         ApiAccess::Client(c) => (Some(c), None),
         ApiAccess::Kubeconfig(p) => (None, Some(p)),
     };
+    let metrics_address = settings.agent.metrics_address;
     let mut agent = Agent::new(settings, node, client, kubeconfig);
+    // A metrics endpoint that cannot listen is logged; the agent's work goes on without it.
+    let _metrics = match metrics_address {
+        Some(addr) => match crate::metrics_http::serve(addr, agent.metrics.clone()).await {
+            Ok((_, task)) => Some(crate::task::AbortOnDrop(task)),
+            Err(e) => {
+                error!(address = %addr, error = %e, "cannot serve metrics (agent.metrics_address)");
+                None
+            }
+        },
+        None => None,
+    };
     agent.main().await
 }
 
@@ -252,6 +265,7 @@ struct Agent {
     notified_ready: bool,
     last_status_line: String,
     status_file: status::StatusFile,
+    metrics: std::sync::Arc<metrics::AgentMetrics>,
 }
 
 impl Agent {
@@ -311,6 +325,7 @@ impl Agent {
             warnings: Vec::new(),
             notified_ready: false,
             last_status_line: String::new(),
+            metrics: std::sync::Arc::default(),
         }
     }
 
@@ -931,6 +946,7 @@ impl Agent {
             last_drain: self.last_drain.clone(),
             warnings: self.warnings_now(),
         };
+        self.export(&status);
         if let Err(e) = self.status_file.publish(status) {
             warn!(error = %e, "cannot write the status file; trying again at the next event");
         }
@@ -938,6 +954,16 @@ impl Agent {
 }
 
 impl Agent {
+    /// The lock and the gates as metrics (the drain's are the drain's own).
+    fn export(&self, status: &Status) {
+        let m = &self.metrics;
+        m.lock_held.set(i64::from(status.lock == Lock::Held));
+        m.gates_passing.set(i64::from(self.verdict.all_pass));
+        if self.verdict.all_pass {
+            m.gates_passed(self.started.elapsed());
+        }
+    }
+
     /// What an operator should fix: logind's cap as last read, and kubelet's locks as last listed.
     fn warnings_now(&self) -> Vec<String> {
         let kubelet = self.facts.kubelet_shutdown_locks.iter().flatten().map(|pid| {

@@ -69,7 +69,8 @@ impl Agent {
         };
         let node = self.node.clone();
         let exclude_lb = s.drain.exclude_from_load_balancers;
-        let opts = crate::drain::DrainOptions::for_leaving_node(&s.drain, reason.clone(), true);
+        let mut opts = crate::drain::DrainOptions::for_leaving_node(&s.drain, reason.clone(), true);
+        opts.metrics = Some(self.metrics.drain.clone());
         let until = now + deadline;
         Some(match policy {
             ShutdownPolicy::Nothing => {

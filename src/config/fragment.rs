@@ -61,6 +61,8 @@ fragment!(
         retaint_on_gate_failure: bool,
         /// Who removes the startup taint.
         startup_taint: TaintOwner,
+        /// Metrics listen address.
+        metrics_address: ListenAddr,
     }
 );
 
@@ -478,6 +480,9 @@ impl Fragment {
                     .retaint_on_gate_failure
                     .unwrap_or(d.agent.retaint_on_gate_failure),
                 startup_taint: agent.startup_taint.unwrap_or(d.agent.startup_taint),
+                metrics_address: agent
+                    .metrics_address
+                    .map_or(d.agent.metrics_address, |a| a.0),
             },
             gates: super::GateSettings {
                 file: gates.file.unwrap_or(d.gates.file),

@@ -85,6 +85,9 @@ pub struct AgentSettings {
     pub retaint_on_gate_failure: bool,
     /// Who removes the startup taint.
     pub startup_taint: TaintOwner,
+    /// Where the agent serves `/metrics` (its drains, its lock, its gates); `None`: nowhere.
+    /// Loopback by default: the endpoint has no authentication.
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 /// `[gates]`: every gate listed must pass.
@@ -210,6 +213,7 @@ impl Default for Settings {
                 boot_deadline: Duration::from_secs(600),
                 retaint_on_gate_failure: true,
                 startup_taint: TaintOwner::Controller,
+                metrics_address: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 8084))),
             },
             gates: default_gates(),
             shutdown: ShutdownSettings {

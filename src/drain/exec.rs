@@ -147,6 +147,8 @@ pub struct DrainOptions {
     pub exclude_from_load_balancers: bool,
     /// Why, recorded in the cordon annotation and events.
     pub reason: String,
+    /// Where the drain's figures go (the agent's `/metrics`), if anywhere.
+    pub metrics: Option<std::sync::Arc<super::metrics::DrainMetrics>>,
     /// The machine is shutting down: the cordon is recorded as a shutdown cordon, which the
     /// agent lifts when the node comes back (see [`cordon::lift_after_shutdown`]).
     pub shutdown: bool,
@@ -180,6 +182,7 @@ impl DrainOptions {
             on_deadline: s.on_deadline,
             exclude_from_load_balancers: s.exclude_from_load_balancers,
             reason: reason.into(),
+            metrics: None,
             shutdown: false,
         }
     }
@@ -636,6 +639,7 @@ impl<'a> Drain<'a> {
             .await;
         }
 
+        let _running = self.opts.metrics.as_deref().map(|m| m.started());
         let mut w = Watches::start(self.client, self.node);
         w.initial_lists(self.node, deadline, self.opts.timeout)
             .await?;
@@ -688,11 +692,16 @@ impl<'a> Drain<'a> {
             for c in commands {
                 self.perform(c, &mut inflight);
             }
-            if let Some(n) = narrator.as_mut() {
+            if narrator.is_some() || self.opts.metrics.is_some() {
                 let e = explain::explain(schedule.tracked(), now, deadline, &|b| {
                     allowed_in(&snapshot, b)
                 });
-                wake = wake.min(n.update(now, &e));
+                if let Some(n) = narrator.as_mut() {
+                    wake = wake.min(n.update(now, &e));
+                }
+                if let Some(m) = &self.opts.metrics {
+                    m.waiting(&e);
+                }
             }
             tokio::select! {
                 Some((pod, reply)) = inflight.next(), if !inflight.is_empty() => {
@@ -779,6 +788,9 @@ impl<'a> Drain<'a> {
         };
         if eventful || report.outcome == DrainOutcome::DeadlineExceeded {
             self.event(type_, reason, note.clone()).await;
+        }
+        if let Some(m) = &self.opts.metrics {
+            m.ended(report.outcome, report.elapsed.as_secs_f64());
         }
         if let Some(n) = narrator {
             n.finish(report.outcome, &note).await;
@@ -913,6 +925,9 @@ impl<'a> Drain<'a> {
                 .into_iter()
                 .map(pdb_key)
                 .collect();
+        if let Some(m) = &self.opts.metrics {
+            m.answered(code);
+        }
         let answer = Answer {
             code,
             cause,

@@ -71,6 +71,12 @@ pub struct Explanation {
     pub left: usize,
     /// Of those, how many a budget refused.
     pub blocked: usize,
+    /// Of those, how many are to be evicted or have an eviction in flight.
+    pub evicting: usize,
+    /// Of those, how many wait to retry after an API error.
+    pub retrying: usize,
+    /// Of those, how many were evicted and are terminating.
+    pub terminating: usize,
     /// The longest-blocked pod, when a budget blocks any.
     pub blocker: Option<Blocker>,
     /// Time to the deadline; `None` once it has passed.
@@ -85,14 +91,14 @@ pub fn explain<'a>(
     deadline: Instant,
     allowed: &dyn Fn(&str) -> Option<i32>,
 ) -> Explanation {
-    let (mut left, mut blocked, mut busy, mut retrying) = (0, 0, false, false);
+    let (mut left, mut blocked, mut evicting, mut retrying, mut terminating) = (0, 0, 0, 0, 0);
     let mut blocker: Option<(Instant, &Tracked, &[String])> = None;
     for t in pods {
         match &t.state {
             PodState::Gone | PodState::Refused(_) | PodState::GaveUp => continue,
-            PodState::Pending | PodState::InFlight => busy = true,
-            PodState::Backoff { .. } => retrying = true,
-            PodState::Leaving => {}
+            PodState::Pending | PodState::InFlight => evicting += 1,
+            PodState::Backoff { .. } => retrying += 1,
+            PodState::Leaving => terminating += 1,
             PodState::Blocked { since, budgets } => {
                 blocked += 1;
                 if blocker.is_none_or(|(s, b, _)| (*since, &t.pod) < (s, &b.pod)) {
@@ -104,9 +110,9 @@ pub fn explain<'a>(
     }
     let reason = if blocked > 0 {
         Reason::WaitingForBudget
-    } else if busy {
+    } else if evicting > 0 {
         Reason::Evicting
-    } else if retrying {
+    } else if retrying > 0 {
         Reason::WaitingForRetry
     } else {
         Reason::WaitingForTermination
@@ -115,6 +121,9 @@ pub fn explain<'a>(
         reason,
         left,
         blocked,
+        evicting,
+        retrying,
+        terminating,
         blocker: blocker.map(|(since, t, budgets)| Blocker {
             pod: t.pod.clone(),
             budgets: budgets.to_vec(),

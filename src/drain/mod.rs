@@ -12,6 +12,7 @@ pub mod access;
 pub mod cordon;
 pub mod exec;
 pub mod explain;
+pub mod metrics;
 mod narrate;
 pub mod plan;
 pub mod step;

@@ -1,0 +1,133 @@
+//! What a drain exports to Prometheus, when whoever runs it (the agent) gives it somewhere to:
+//! how long drains take by outcome, evictions by the API server's answer, the pods a running
+//! drain still waits for by what they wait on, and the time to its deadline. Names follow
+//! kube-state-metrics' and Karpenter's conventions (`_total` counters, `_seconds` units).
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::explain::Explanation;
+use super::step::DrainOutcome;
+
+/// One label.
+pub type Label = Vec<(String, String)>;
+
+/// What each `waiting_on` value of `nodeward_drain_pods_left` means.
+pub const WAITING_ON: [&str; 4] = ["budget", "eviction", "retry", "termination"];
+
+/// A drain's metrics, registered once per process and shared by its drains.
+#[derive(Debug)]
+pub struct DrainMetrics {
+    /// 1 while a drain runs.
+    pub in_progress: Gauge,
+    /// Drains by outcome (`drained`, `refused`, `deadline_exceeded`), in seconds.
+    pub duration_seconds: Family<Label, Histogram>,
+    /// Eviction answers by HTTP status code (`201`, `429`, `500`, ...).
+    pub evictions: Family<Label, Counter>,
+    /// Pods the running drain still waits for, by what they wait on ([`WAITING_ON`]).
+    pub pods_left: Family<Label, Gauge>,
+    /// Seconds to the running drain's deadline (0 when none runs or it has passed).
+    pub deadline_seconds: Gauge<f64, AtomicU64>,
+}
+
+fn label(key: &str, value: &str) -> Label {
+    vec![(key.to_string(), value.to_string())]
+}
+
+impl DrainMetrics {
+    /// Registers the drain's metrics in `registry` (prefix `nodeward_drain_`).
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            in_progress: Gauge::default(),
+            duration_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.25, 2.0, 12))
+            }),
+            evictions: Family::default(),
+            pods_left: Family::default(),
+            deadline_seconds: Gauge::default(),
+        };
+        let sub = registry.sub_registry_with_prefix("nodeward_drain");
+        sub.register("in_progress", "1 while a drain runs", m.in_progress.clone());
+        sub.register(
+            "duration_seconds",
+            "How long drains took, by outcome",
+            m.duration_seconds.clone(),
+        );
+        sub.register(
+            "evictions",
+            "Eviction requests answered, by HTTP status code (429: a budget refused)",
+            m.evictions.clone(),
+        );
+        sub.register(
+            "pods_left",
+            "Pods the running drain still waits for, by what they wait on (budget, eviction, retry, termination)",
+            m.pods_left.clone(),
+        );
+        sub.register(
+            "deadline_seconds",
+            "Seconds to the running drain's deadline",
+            m.deadline_seconds.clone(),
+        );
+        m
+    }
+
+    /// A drain started: `in_progress` is 1 until the returned guard is dropped (the drain
+    /// ended, however: an error included), and the running drain's gauges go back to 0 then.
+    pub fn started(&self) -> Running<'_> {
+        self.in_progress.set(1);
+        Running(self)
+    }
+
+    /// An eviction was answered with `code`.
+    pub fn answered(&self, code: u16) {
+        self.evictions
+            .get_or_create(&label("code", &code.to_string()))
+            .inc();
+    }
+
+    /// What the running drain waits on now.
+    pub fn waiting(&self, e: &Explanation) {
+        let counts = [e.blocked, e.evicting, e.retrying, e.terminating];
+        for (on, n) in WAITING_ON.iter().zip(counts) {
+            self.pods_left
+                .get_or_create(&label("waiting_on", on))
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.deadline_seconds
+            .set(e.deadline_in.map_or(0.0, |d| d.as_secs_f64()));
+    }
+
+    /// The drain ended with `outcome` after `seconds`.
+    pub fn ended(&self, outcome: DrainOutcome, seconds: f64) {
+        let outcome = match outcome {
+            DrainOutcome::Drained => "drained",
+            DrainOutcome::Refused => "refused",
+            DrainOutcome::DeadlineExceeded => "deadline_exceeded",
+        };
+        self.duration_seconds
+            .get_or_create(&label("outcome", outcome))
+            .observe(seconds);
+    }
+}
+
+/// A running drain's hold on the gauges; see [`DrainMetrics::started`].
+#[derive(Debug)]
+pub struct Running<'a>(&'a DrainMetrics);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        for on in WAITING_ON {
+            self.0
+                .pods_left
+                .get_or_create(&label("waiting_on", on))
+                .set(0);
+        }
+        self.0.deadline_seconds.set(0.0);
+        self.0.in_progress.set(0);
+    }
+}
