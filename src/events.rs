@@ -63,6 +63,21 @@ pub async fn publish(
     }
 }
 
+/// [`publish`] in a task of its own, for callers that must not wait on the API server (a drain).
+pub fn publish_detached(
+    recorder: &Recorder,
+    reference: ObjectReference,
+    type_: EventType,
+    reason: &'static str,
+    action: &'static str,
+    note: String,
+) {
+    let recorder = recorder.clone();
+    tokio::spawn(async move {
+        publish(&recorder, &reference, type_, reason, action, note).await;
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

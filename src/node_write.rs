@@ -35,6 +35,19 @@ pub struct ConditionPatch<'a> {
     pub last_transition: &'a str,
 }
 
+/// The Node's condition of type `type_`, if it has one.
+pub fn condition<'a>(
+    node: &'a Node,
+    type_: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
 /// `True` or `False`, as conditions spell it.
 pub fn status_word(status: bool) -> &'static str {
     if status { "True" } else { "False" }

@@ -807,18 +807,14 @@ impl<'a> Drain<'a> {
         schedule.track(pod, &daemonset_in(daemonsets));
         for note in schedule.take_notes() {
             warn!(node = self.node, "{note}");
-            let (recorder, reference) = (self.recorder.clone(), pod.object_ref(&()));
-            tokio::spawn(async move {
-                crate::events::publish(
-                    &recorder,
-                    &reference,
-                    EventType::Warning,
-                    "BadDrainAnnotation",
-                    "Drain",
-                    note,
-                )
-                .await;
-            });
+            crate::events::publish_detached(
+                &self.recorder,
+                pod.object_ref(&()),
+                EventType::Warning,
+                "BadDrainAnnotation",
+                "Drain",
+                note,
+            );
         }
     }
 

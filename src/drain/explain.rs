@@ -181,12 +181,7 @@ impl fmt::Display for Explanation {
 
 /// The Node's [`CONDITION_TYPE`] condition, if a drain ever wrote one.
 pub fn condition(node: &k8s_openapi::api::core::v1::Node) -> Option<&NodeCondition> {
-    node.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == CONDITION_TYPE)
+    crate::node_write::condition(node, CONDITION_TYPE)
 }
 
 /// The condition in words for `nodeward status` at `now`: a running drain with what it waits

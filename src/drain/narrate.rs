@@ -99,18 +99,14 @@ impl Narrator {
             self.node,
             budgets.join(", "),
         );
-        let recorder = self.recorder.clone();
-        tokio::spawn(async move {
-            crate::events::publish(
-                &recorder,
-                &reference,
-                EventType::Normal,
-                "EvictionBlocked",
-                "Drain",
-                note,
-            )
-            .await;
-        });
+        crate::events::publish_detached(
+            &self.recorder,
+            reference,
+            EventType::Normal,
+            "EvictionBlocked",
+            "Drain",
+            note,
+        );
     }
 
     /// The drain is over: the condition turns `False` with its outcome.

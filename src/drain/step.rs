@@ -142,6 +142,17 @@ impl Tracked {
         )
     }
 
+    /// The `delete` fallback's deletion of the pod, now in flight (sent once per pod).
+    fn fallback_delete(&mut self, grace: Duration) -> Command {
+        self.state = PodState::InFlight;
+        self.fallback_sent = true;
+        self.outstanding += 1;
+        Command::Delete {
+            pod: self.pod.clone(),
+            grace,
+        }
+    }
+
     /// When its own wait for its budget ends, if it has one and a budget has refused it.
     fn own_deadline(&self) -> Option<Instant> {
         Some(self.first_blocked? + self.budget_wait?)
@@ -409,14 +420,8 @@ impl Schedule {
                     && t.outstanding == 0
                     && !t.fallback_sent
                 {
-                    t.state = PodState::InFlight;
-                    t.fallback_sent = true;
-                    t.outstanding += 1;
+                    commands.push(t.fallback_delete(grace));
                     self.in_flight += 1;
-                    commands.push(Command::Delete {
-                        pod: t.pod.clone(),
-                        grace,
-                    });
                 }
             }
         }
@@ -475,14 +480,8 @@ impl Schedule {
             }
             match self.limits.on_deadline {
                 OnDeadline::Delete if !t.fallback_sent => {
-                    t.state = PodState::InFlight;
-                    t.fallback_sent = true;
-                    t.outstanding += 1;
+                    commands.push(t.fallback_delete(grace));
                     self.in_flight += 1;
-                    commands.push(Command::Delete {
-                        pod: t.pod.clone(),
-                        grace,
-                    });
                 }
                 OnDeadline::Abandon => t.state = PodState::GaveUp,
                 OnDeadline::Delete | OnDeadline::Wait => {}

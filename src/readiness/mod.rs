@@ -78,12 +78,7 @@ pub fn reports_not_ready_in_time(node: &Node) -> bool {
 
 /// The Node's [`CONDITION_TYPE`] condition, if it reports one.
 pub fn condition(node: &Node) -> Option<&NodeCondition> {
-    node.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == CONDITION_TYPE)
+    node_write::condition(node, CONDITION_TYPE)
 }
 
 /// Whether `node` already reports `want` (status, reason and message alike).
