@@ -383,18 +383,7 @@ impl Schedule {
                     wake: self.deadline,
                 };
             }
-            let refused = self
-                .pods
-                .values()
-                .any(|t| matches!(t.state, PodState::Refused(_)));
-            let gave_up = self.pods.values().any(|t| t.state == PodState::GaveUp);
-            return Step::Done(if gave_up {
-                DrainOutcome::DeadlineExceeded
-            } else if refused {
-                DrainOutcome::Refused
-            } else {
-                DrainOutcome::Drained
-            });
+            return Step::Done(self.outcome());
         }
         let wait = self.limits.on_deadline == OnDeadline::Wait;
         if now >= self.deadline {
@@ -406,25 +395,59 @@ impl Schedule {
                 commands.push(Command::WaitingPastDeadline);
             }
         }
-        let delete = self.limits.on_deadline == OnDeadline::Delete;
         self.own_deadlines(now, &mut commands);
-        if delete && now >= self.fallback_at {
-            self.fallback_started = true;
-            let grace = self.deadline.saturating_duration_since(now);
-            for t in self.pods.values_mut() {
-                // A pod whose eviction is still unanswered waits for the answer: if the
-                // eviction went through, a deletion now would be reported as bypassing its
-                // budget when it did not.
-                if !t.settled()
-                    && t.state != PodState::Leaving
-                    && t.outstanding == 0
-                    && !t.fallback_sent
-                {
-                    commands.push(t.fallback_delete(grace));
-                    self.in_flight += 1;
-                }
+        self.fallback(now, &mut commands);
+        self.evict(now, budget_open, &mut commands);
+        Step::Run {
+            wake: self.wake(now, budget_open),
+            commands,
+        }
+    }
+
+    /// How a drain whose pods are all settled ended.
+    fn outcome(&self) -> DrainOutcome {
+        let refused = self
+            .pods
+            .values()
+            .any(|t| matches!(t.state, PodState::Refused(_)));
+        if self.pods.values().any(|t| t.state == PodState::GaveUp) {
+            DrainOutcome::DeadlineExceeded
+        } else if refused {
+            DrainOutcome::Refused
+        } else {
+            DrainOutcome::Drained
+        }
+    }
+
+    /// `on_deadline = delete` near the deadline: every pod still there is deleted, once.
+    fn fallback(&mut self, now: Instant, commands: &mut Vec<Command>) {
+        if self.limits.on_deadline != OnDeadline::Delete || now < self.fallback_at {
+            return;
+        }
+        self.fallback_started = true;
+        let grace = self.deadline.saturating_duration_since(now);
+        for t in self.pods.values_mut() {
+            // A pod whose eviction is still unanswered waits for the answer: if the eviction
+            // went through, a deletion now would be reported as bypassing its budget when it
+            // did not.
+            if !t.settled()
+                && t.state != PodState::Leaving
+                && t.outstanding == 0
+                && !t.fallback_sent
+            {
+                commands.push(t.fallback_delete(grace));
+                self.in_flight += 1;
             }
         }
+    }
+
+    /// Evictions for the pods of the waves begun whose time has come, up to the concurrency.
+    fn evict(
+        &mut self,
+        now: Instant,
+        budget_open: &dyn Fn(&Tracked) -> bool,
+        commands: &mut Vec<Command>,
+    ) {
         for t in self.pods.values_mut() {
             if self.in_flight >= self.limits.concurrency {
                 break;
@@ -438,8 +461,14 @@ impl Schedule {
                 commands.push(Command::Evict(t.pod.clone()));
             }
         }
+    }
+
+    /// When to step again if nothing happens: the deadline (or the next look past it), the
+    /// fallback, the wave's end, a pod's own deadline or its next retry, whichever comes first.
+    fn wake(&self, now: Instant, budget_open: &dyn Fn(&Tracked) -> bool) -> Instant {
+        let wait = self.limits.on_deadline == OnDeadline::Wait;
         let mut wake = if wait { now + RETRY_CAP } else { self.deadline };
-        if delete && !self.fallback_started {
+        if self.limits.on_deadline == OnDeadline::Delete && !self.fallback_started {
             wake = wake.min(self.fallback_at);
         }
         if self.wave + 1 < self.wave_ends.len() {
@@ -465,7 +494,7 @@ impl Schedule {
         {
             wake = wake.min(t);
         }
-        Step::Run { commands, wake }
+        wake
     }
 
     /// Pods whose budget has blocked them past their own drain timeout get the deadline policy
