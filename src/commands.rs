@@ -398,7 +398,8 @@ async fn status(config: Option<&Path>, output: crate::cli::StatusOutput) -> anyh
     match output {
         crate::cli::StatusOutput::Text => {
             print!("{st}");
-            print!("{}", crate::agent::status::live(&st, client).await);
+            let live = crate::agent::status::live(&st, client, settings.drain.on_deadline).await;
+            print!("{live}");
         }
         crate::cli::StatusOutput::Json => {
             let doc = crate::agent::status::live_json(&st, client).await;

@@ -589,7 +589,8 @@ async fn boot_deadline_reports_node_not_ready_in_time() {
         text.contains("drain:       draining since ")
             && text.contains(
                 ": WaitingForBudget: 1 pod left; default/web-0 blocked by PDB default/web"
-            ),
+            )
+            && text.contains("at the deadline: abandon"),
         "{text}"
     );
     let doc: serde_json::Value = serde_json::from_str(&status("json").await).expect("json");

@@ -449,7 +449,9 @@ async fn agent_drains_at_poweroff(cluster: Cluster) {
         agent.log_text()
     );
     // What the agent's /metrics says about it.
+    let scraped = std::time::Instant::now();
     let metrics = scrape(port).await;
+    eprintln!("agent /metrics scrape: {:?}", scraped.elapsed());
     for line in [
         "nodeward_drain_duration_seconds_count{outcome=\"drained\"} 1",
         "nodeward_drain_in_progress 0",

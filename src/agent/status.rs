@@ -208,7 +208,11 @@ const LIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// What `nodeward status` adds to the file: whether the agent still runs, and what logind and
 /// the API server say now (each within [`LIVE_TIMEOUT`]; `client` is the error text when no
 /// client could be built).
-pub async fn live(st: &Status, client: Result<kube::Client, String>) -> String {
+pub async fn live(
+    st: &Status,
+    client: Result<kube::Client, String>,
+    on_deadline: crate::config::OnDeadline,
+) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     if !alive(st.pid) {
@@ -260,11 +264,22 @@ pub async fn live(st: &Status, client: Result<kube::Client, String>) -> String {
                 }
             );
             match crate::drain::explain::condition(&n) {
-                Some(c) => writeln!(
-                    out,
-                    "  drain:       {}",
-                    crate::drain::explain::describe(c, jiff::Timestamp::now())
-                ),
+                Some(c) => {
+                    let _ = writeln!(
+                        out,
+                        "  drain:       {}",
+                        crate::drain::explain::describe(c, jiff::Timestamp::now())
+                    );
+                    if c.status == "True" {
+                        writeln!(
+                            out,
+                            "               at the deadline: {} (drain.on_deadline, this node's config: the agent's and the unit's drains)",
+                            on_deadline_words(on_deadline)
+                        )
+                    } else {
+                        Ok(())
+                    }
+                }
                 None => writeln!(out, "  drain:       none seen on this Node"),
             }
         }
@@ -292,6 +307,15 @@ pub async fn live_json(st: &Status, client: Result<kube::Client, String>) -> ser
         "draining": draining,
         "node_error": node_error,
     })
+}
+
+/// What `drain.on_deadline` does, in words.
+fn on_deadline_words(o: crate::config::OnDeadline) -> &'static str {
+    match o {
+        crate::config::OnDeadline::Abandon => "abandon: the pods left stay, the shutdown proceeds",
+        crate::config::OnDeadline::Delete => "delete: the pods left are deleted past their budgets",
+        crate::config::OnDeadline::Wait => "wait: the drain goes on",
+    }
 }
 
 /// Reads the status file.
