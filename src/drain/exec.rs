@@ -211,6 +211,23 @@ pub struct DrainReport {
     pub elapsed: Duration,
 }
 
+impl DrainReport {
+    /// The report of a drain of `node` that ended with `outcome` after `elapsed`.
+    fn of(node: &str, outcome: DrainOutcome, tally: super::step::Tally, elapsed: Duration) -> Self {
+        Self {
+            node: node.to_string(),
+            outcome,
+            evicted: tally.evicted,
+            skipped: tally.skipped,
+            refused: tally.refused,
+            left_behind: tally.left_behind,
+            force_deleted: tally.force_deleted,
+            eviction_requests: tally.eviction_requests,
+            elapsed,
+        }
+    }
+}
+
 impl std::fmt::Display for DrainReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
@@ -613,69 +630,23 @@ impl<'a> Drain<'a> {
     async fn run(mut self) -> Result<DrainReport> {
         let started = Instant::now();
         let deadline = started + self.opts.timeout;
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let get = async {
-            nodes
-                .get(self.node)
-                .await
-                .map_err(api_err(self.node, "get"))
-        };
-        let node_obj = self.by_deadline(deadline, "get", get).await?;
-        self.node_ref = Some(node_obj.object_ref(&()));
-        let cordon = cordon_recorded(
-            self.client,
-            self.node,
-            &self.opts.reason,
-            self.opts.exclude_from_load_balancers,
-            self.opts.shutdown,
-        );
-        let cordoned = self.by_deadline(deadline, "cordon", cordon).await?;
-        if cordoned == CordonOutcome::Cordoned {
-            self.event(
-                EventType::Normal,
-                "Cordoned",
-                format!("cordoned by nodeward: {}", self.opts.reason),
-            )
-            .await;
-        }
-
+        self.cordon_first(deadline).await?;
         let _running = self.opts.metrics.as_deref().map(|m| m.started());
         let mut w = Watches::start(self.client, self.node);
         w.initial_lists(self.node, deadline, self.opts.timeout)
             .await?;
-        let limits = Limits {
-            concurrency: self.opts.concurrency,
-            timeout: self.opts.timeout,
-            on_deadline: self.opts.on_deadline,
-        };
-        let mut schedule = Schedule::new(limits, self.opts.plan.clone(), started);
-        for pod in w.pods.state() {
-            self.track(&mut schedule, &pod, &w.daemonsets);
-        }
-        let (to_evict, refused) = schedule.counts();
-        info!(
-            node = self.node,
-            evict = to_evict,
-            skipped = schedule.skipped(),
-            refused,
-            timeout = ?self.opts.timeout,
-            "drain started"
-        );
+        let mut schedule = self.schedule(&w, started);
         // Nothing to evict or refuse (the agent already drained for this shutdown, say): the
         // drain is logged, but no empty DrainStarted/DrainSucceeded pair goes on the Node.
         let eventful = !schedule.is_empty();
         if eventful {
-            self.event(
-                EventType::Normal,
-                "DrainStarted",
-                format!(
-                    "evicting {to_evict} pods within {:?}: {}",
-                    self.opts.timeout, self.opts.reason
-                ),
-            )
-            .await;
+            let (to_evict, _) = schedule.counts();
+            let note = format!(
+                "evicting {to_evict} pods within {:?}: {}",
+                self.opts.timeout, self.opts.reason
+            );
+            self.event(EventType::Normal, "DrainStarted", note).await;
         }
-
         // What the drain waits on goes on the Node (nodeward.io/Draining) and the blocked pods.
         let mut narrator =
             eventful.then(|| Narrator::new(self.client, self.node, self.recorder.clone()));
@@ -707,25 +678,7 @@ impl<'a> Drain<'a> {
                 Some((pod, reply)) = inflight.next(), if !inflight.is_empty() => {
                     self.answered(&mut schedule, &w.budgets, &pod, reply, narrator.as_mut())?;
                 }
-                Some(ev) = w.pod_events.next() => {
-                    match ev {
-                        Ok(ev) => {
-                            w.pods.apply(&ev);
-                            match &ev {
-                                watcher::Event::Apply(p) => {
-                                    self.track(&mut schedule, p, &w.daemonsets);
-                                }
-                                watcher::Event::Delete(p) => {
-                                    schedule.gone(p.metadata.uid.as_deref().unwrap_or_default());
-                                }
-                                // A relist replaced the set: whatever it lacks is gone.
-                                watcher::Event::InitDone => schedule.observe(&uids(&w.pods)),
-                                watcher::Event::Init | watcher::Event::InitApply(_) => {}
-                            }
-                        }
-                        Err(e) => check_watch_error(self.node, &e, "list and watch pods")?,
-                    }
-                }
+                Some(ev) = w.pod_events.next() => self.pod_event(&mut schedule, &mut w.pods, &w.daemonsets, ev)?,
                 Some(ev) = w.pdb_events.next() => match ev {
                     Ok(ev) => w.budgets.apply(&ev),
                     Err(e) => check_watch_error(self.node, &e, "list and watch poddisruptionbudgets")?,
@@ -737,23 +690,87 @@ impl<'a> Drain<'a> {
                 _ = tokio::time::sleep_until(wake) => {}
             }
         };
-
-        let elapsed = started.elapsed();
-        let tally = schedule.finish();
-        let report = DrainReport {
-            node: self.node.to_string(),
-            outcome,
-            evicted: tally.evicted,
-            skipped: tally.skipped,
-            refused: tally.refused,
-            left_behind: tally.left_behind,
-            force_deleted: tally.force_deleted,
-            eviction_requests: tally.eviction_requests,
-            elapsed,
-        };
+        let report = DrainReport::of(self.node, outcome, schedule.finish(), started.elapsed());
         self.announce_end(&report, eventful, narrator).await;
         info!(node = self.node, summary = %report.to_string().trim_end(), "drain finished");
         Ok(report)
+    }
+
+    /// Reads the Node and cordons it (recording nodeward's ownership), both by the deadline.
+    async fn cordon_first(&mut self, deadline: Instant) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let get = async {
+            nodes
+                .get(self.node)
+                .await
+                .map_err(api_err(self.node, "get"))
+        };
+        let node_obj = self.by_deadline(deadline, "get", get).await?;
+        self.node_ref = Some(node_obj.object_ref(&()));
+        let cordon = cordon_recorded(
+            self.client,
+            self.node,
+            &self.opts.reason,
+            self.opts.exclude_from_load_balancers,
+            self.opts.shutdown,
+        );
+        if self.by_deadline(deadline, "cordon", cordon).await? == CordonOutcome::Cordoned {
+            self.event(
+                EventType::Normal,
+                "Cordoned",
+                format!("cordoned by nodeward: {}", self.opts.reason),
+            )
+            .await;
+        }
+        Ok(())
+    }
+
+    /// The drain's schedule, with every pod the first list found on the node.
+    fn schedule(&self, w: &Watches<'_>, started: Instant) -> Schedule {
+        let limits = Limits {
+            concurrency: self.opts.concurrency,
+            timeout: self.opts.timeout,
+            on_deadline: self.opts.on_deadline,
+        };
+        let mut schedule = Schedule::new(limits, self.opts.plan.clone(), started);
+        for pod in w.pods.state() {
+            self.track(&mut schedule, &pod, &w.daemonsets);
+        }
+        let (to_evict, refused) = schedule.counts();
+        info!(
+            node = self.node,
+            evict = to_evict,
+            skipped = schedule.skipped(),
+            refused,
+            timeout = ?self.opts.timeout,
+            "drain started"
+        );
+        schedule
+    }
+
+    /// What the pod watch saw: a pod on the node (taken in), gone, or a relist.
+    fn pod_event(
+        &self,
+        schedule: &mut Schedule,
+        pods: &mut Mirror<Pod>,
+        daemonsets: &Mirror<PartialObjectMeta<DaemonSet>>,
+        ev: watcher::Result<watcher::Event<Pod>>,
+    ) -> Result<()> {
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => return check_watch_error(self.node, &e, "list and watch pods"),
+        };
+        pods.apply(&ev);
+        match &ev {
+            watcher::Event::Apply(p) => self.track(schedule, p, daemonsets),
+            watcher::Event::Delete(p) => {
+                schedule.gone(p.metadata.uid.as_deref().unwrap_or_default());
+            }
+            // A relist replaced the set: whatever it lacks is gone.
+            watcher::Event::InitDone => schedule.observe(&uids(pods)),
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+        Ok(())
     }
 
     /// Says how the drain ended: an Event on the Node (for a drain that had pods to move, or
