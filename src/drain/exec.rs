@@ -914,20 +914,7 @@ impl<'a> Drain<'a> {
             }
             Reply::Evict(result) => result,
         };
-        let (code, cause, message) = match &result {
-            Ok(()) => (201, Cause::None, String::new()),
-            Err(kube::Error::Api(s)) => (
-                s.code,
-                Cause::of(
-                    s.details
-                        .iter()
-                        .flat_map(|d| d.causes.iter().map(|c| c.reason.as_str())),
-                ),
-                s.message.clone(),
-            ),
-            // No answer at all (connection refused, reset, timeout): as retryable as a 503.
-            Err(e) => (503, Cause::None, e.to_string()),
-        };
+        let (code, cause, message) = status_of(&result);
         let labels = schedule
             .get(&pod.uid)
             .map(|t| t.labels.clone())
@@ -947,29 +934,12 @@ impl<'a> Drain<'a> {
             matching_budgets: matching.len(),
             message,
         };
-        match answer.outcome() {
-            Outcome::Evicted | Outcome::Gone => debug!(pod = %pod, code, "eviction accepted"),
-            Outcome::NamespaceTerminating => info!(
-                pod = %pod,
-                "its namespace is being deleted, which deletes the pod; waiting for it to go"
-            ),
-            Outcome::BudgetExhausted => {
-                debug!(pod = %pod, "blocked by a disruption budget");
-                if let Some(n) = narrator {
-                    let allowed = matching.first().and_then(|b| allowed_in(&all, b));
-                    n.blocked(pod, &matching, allowed);
-                }
-            }
-            Outcome::Retry => {
-                debug!(pod = %pod, code, message = %answer.message, "eviction failed; retrying");
-            }
-            Outcome::MultipleBudgets => {
-                warn!(pod = %pod, budgets = ?matching, "more than one PodDisruptionBudget selects the pod; the Eviction API cannot evict it");
-            }
-            Outcome::Forbidden => warn!(pod = %pod, "missing permission: create pods/eviction"),
-            Outcome::Rejected => {
-                warn!(pod = %pod, code, message = %answer.message, "eviction rejected");
-            }
+        log_answer(pod, &answer, &matching);
+        if answer.outcome() == Outcome::BudgetExhausted
+            && let Some(n) = narrator
+        {
+            let allowed = matching.first().and_then(|b| allowed_in(&all, b));
+            n.blocked(pod, &matching, allowed);
         }
         match schedule.evict_answered(&pod.uid, &answer, matching, Instant::now()) {
             Verdict::Continue => Ok(()),
@@ -977,6 +947,47 @@ impl<'a> Drain<'a> {
                 verb: "create pods/eviction",
                 pod: Some(pod.to_string()),
             }),
+        }
+    }
+}
+
+/// An eviction's answer as the schedule reads it: status code, cause and message.
+fn status_of(result: &std::result::Result<(), kube::Error>) -> (u16, Cause, String) {
+    match result {
+        Ok(()) => (201, Cause::None, String::new()),
+        Err(kube::Error::Api(s)) => (
+            s.code,
+            Cause::of(
+                s.details
+                    .iter()
+                    .flat_map(|d| d.causes.iter().map(|c| c.reason.as_str())),
+            ),
+            s.message.clone(),
+        ),
+        // No answer at all (connection refused, reset, timeout): as retryable as a 503.
+        Err(e) => (503, Cause::None, e.to_string()),
+    }
+}
+
+/// One log line per eviction answer, at the level it deserves.
+fn log_answer(pod: &PodRef, answer: &Answer, matching: &[String]) {
+    let code = answer.code;
+    match answer.outcome() {
+        Outcome::Evicted | Outcome::Gone => debug!(pod = %pod, code, "eviction accepted"),
+        Outcome::NamespaceTerminating => info!(
+            pod = %pod,
+            "its namespace is being deleted, which deletes the pod; waiting for it to go"
+        ),
+        Outcome::BudgetExhausted => debug!(pod = %pod, "blocked by a disruption budget"),
+        Outcome::Retry => {
+            debug!(pod = %pod, code, message = %answer.message, "eviction failed; retrying");
+        }
+        Outcome::MultipleBudgets => {
+            warn!(pod = %pod, budgets = ?matching, "more than one PodDisruptionBudget selects the pod; the Eviction API cannot evict it");
+        }
+        Outcome::Forbidden => warn!(pod = %pod, "missing permission: create pods/eviction"),
+        Outcome::Rejected => {
+            warn!(pod = %pod, code, message = %answer.message, "eviction rejected");
         }
     }
 }
