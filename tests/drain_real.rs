@@ -631,7 +631,15 @@ async fn a_blocked_drain_explains_itself(cluster: Cluster) {
         &target,
         "nodeward.io/Draining",
         "the drain explained",
-        |c| c.status == "True" && c.reason.as_deref() == Some("WaitingForBudget"),
+        // The first refusals can come back before the drain has listed the budget: then the
+        // message says "a PodDisruptionBudget", and names it once it is listed.
+        |c| {
+            c.status == "True"
+                && c.reason.as_deref() == Some("WaitingForBudget")
+                && c.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("blocked by PDB "))
+        },
     )
     .await;
     eprintln!(

@@ -664,7 +664,17 @@ impl<'a> Drain<'a> {
                 self.perform(c, &mut inflight);
             }
             if narrator.is_some() || self.opts.metrics.is_some() {
-                let e = explain::explain(schedule.tracked(), now, deadline, &|b| {
+                let selecting = |t: &Tracked| {
+                    plan::budgets_for(
+                        &t.pod.namespace,
+                        &t.labels,
+                        snapshot.iter().map(AsRef::as_ref),
+                    )
+                    .into_iter()
+                    .map(pdb_key)
+                    .collect()
+                };
+                let e = explain::explain(schedule.tracked(), now, deadline, &selecting, &|b| {
                     allowed_in(&snapshot, b)
                 });
                 if let Some(n) = narrator.as_mut() {

@@ -83,12 +83,15 @@ pub struct Explanation {
     pub deadline_in: Option<Duration>,
 }
 
-/// Explains the drain at `now` from its tracked pods. `allowed(budget)` is the budget's
-/// `disruptionsAllowed` in the drain's view (`None` if unknown).
+/// Explains the drain at `now` from its tracked pods. `selecting(pod)` names the budgets
+/// (`namespace/name`) that select a pod in the drain's view of them now, and `allowed(budget)`
+/// is a budget's `disruptionsAllowed` there (`None` if unknown). The budgets are asked now, not
+/// taken from the refusal: the first refusals can come back before the drain has listed them.
 pub fn explain<'a>(
     pods: impl IntoIterator<Item = &'a Tracked>,
     now: Instant,
     deadline: Instant,
+    selecting: &dyn Fn(&Tracked) -> Vec<String>,
     allowed: &dyn Fn(&str) -> Option<i32>,
 ) -> Explanation {
     let (mut left, mut blocked, mut evicting, mut retrying, mut terminating) = (0, 0, 0, 0, 0);
@@ -124,11 +127,19 @@ pub fn explain<'a>(
         evicting,
         retrying,
         terminating,
-        blocker: blocker.map(|(since, t, budgets)| Blocker {
-            pod: t.pod.clone(),
-            budgets: budgets.to_vec(),
-            allowed: budgets.first().and_then(|b| allowed(b)),
-            waited: now.saturating_duration_since(since),
+        blocker: blocker.map(|(since, t, refused_by)| {
+            let now_selecting = selecting(t);
+            let budgets = if now_selecting.is_empty() {
+                refused_by.to_vec()
+            } else {
+                now_selecting
+            };
+            Blocker {
+                pod: t.pod.clone(),
+                allowed: budgets.first().and_then(|b| allowed(b)),
+                budgets,
+                waited: now.saturating_duration_since(since),
+            }
         }),
         deadline_in: (now < deadline).then(|| deadline - now),
     }
@@ -159,7 +170,11 @@ impl fmt::Display for Explanation {
         let plural = |n: usize| if n == 1 { "" } else { "s" };
         write!(f, "{} pod{} left", self.left, plural(self.left))?;
         if let Some(b) = &self.blocker {
-            write!(f, "; {} blocked by PDB {}", b.pod, b.budgets.join(", "))?;
+            if b.budgets.is_empty() {
+                write!(f, "; {} blocked by a PodDisruptionBudget", b.pod)?;
+            } else {
+                write!(f, "; {} blocked by PDB {}", b.pod, b.budgets.join(", "))?;
+            }
             if let Some(a) = b.allowed {
                 write!(
                     f,

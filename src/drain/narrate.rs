@@ -80,9 +80,10 @@ impl Narrator {
         now + explain::REFRESH
     }
 
-    /// Says once, on the pod, which budget blocks its eviction.
+    /// Says once, on the pod, which budget blocks its eviction; not before the drain knows
+    /// which (a refusal can come back before the budgets are listed: a later one names it).
     pub(super) fn blocked(&mut self, pod: &PodRef, budgets: &[String], allowed: Option<i32>) {
-        if !self.blocked_told.insert(pod.uid.clone()) {
+        if budgets.is_empty() || !self.blocked_told.insert(pod.uid.clone()) {
             return;
         }
         let reference = ObjectReference {

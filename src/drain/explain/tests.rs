@@ -22,6 +22,11 @@ fn tracked(name: &str, state: PodState) -> Tracked {
     }
 }
 
+/// The drain's view of the budgets knows none yet: the refusals' budgets stand.
+fn none(_: &Tracked) -> Vec<String> {
+    Vec::new()
+}
+
 fn blocked(name: &str, since: Instant) -> Tracked {
     tracked(
         name,
@@ -42,7 +47,7 @@ fn a_budget_blocked_drain_names_the_longest_blocked_pod_its_budget_and_the_deadl
         tracked("done", PodState::Gone),
     ];
     let now = t0 + Duration::from_secs(45);
-    let e = explain(&pods, now, t0 + Duration::from_secs(123), &|b| {
+    let e = explain(&pods, now, t0 + Duration::from_secs(123), &none, &|b| {
         (b == "default/web").then_some(0)
     });
     assert_eq!(e.reason, Reason::WaitingForBudget);
@@ -82,7 +87,7 @@ fn each_reason() {
     ];
     for (pods, want) in cases {
         assert_eq!(
-            explain(&pods, t0, deadline, &unknown).reason,
+            explain(&pods, t0, deadline, &none, &unknown).reason,
             want,
             "{pods:?}"
         );
@@ -100,7 +105,7 @@ fn refused_and_gone_pods_are_not_left_and_a_passed_deadline_is_said() {
         tracked("gone", PodState::Gone),
         tracked("slow", PodState::Leaving),
     ];
-    let e = explain(&pods, t0 + Duration::from_secs(5), t0, &|_| None);
+    let e = explain(&pods, t0 + Duration::from_secs(5), t0, &none, &|_| None);
     assert_eq!(e.left, 1);
     assert_eq!(e.to_string(), "1 pod left; deadline passed, still waiting");
 }
@@ -111,11 +116,25 @@ fn the_cause_ignores_the_timers_and_writes_are_spaced() {
     let deadline = t0 + Duration::from_secs(60);
     let pods = [blocked("a", t0)];
     let allowed = |_: &str| Some(0);
-    let early = explain(&pods, t0 + Duration::from_secs(1), deadline, &allowed);
-    let later = explain(&pods, t0 + Duration::from_secs(9), deadline, &allowed);
+    let early = explain(
+        &pods,
+        t0 + Duration::from_secs(1),
+        deadline,
+        &none,
+        &allowed,
+    );
+    let later = explain(
+        &pods,
+        t0 + Duration::from_secs(9),
+        deadline,
+        &none,
+        &allowed,
+    );
     assert_ne!(early.to_string(), later.to_string());
     assert!(early.same_cause(&later), "only the timers moved");
-    let opened = explain(&pods, t0 + Duration::from_secs(9), deadline, &|_| Some(1));
+    let opened = explain(&pods, t0 + Duration::from_secs(9), deadline, &none, &|_| {
+        Some(1)
+    });
     assert!(
         !early.same_cause(&opened),
         "the budget's allowance is part of it"
@@ -147,5 +166,39 @@ fn nodeward_status_describes_a_running_drain_and_the_last_one() {
     assert_eq!(
         describe(&c("False", "Drained", "6 pods evicted in 1.2s"), now),
         "not draining; the last drain ended 2026-11-26T22:00:00Z: Drained: 6 pods evicted in 1.2s"
+    );
+}
+
+/// The first refusals can come back before the drain has listed the budgets: the pod's budget
+/// is named as soon as the drain's view of them knows it, and never as an empty name.
+#[test]
+fn a_budget_not_listed_yet_is_named_once_it_is() {
+    let t0 = Instant::now();
+    let mut pod = blocked("web-a", t0);
+    pod.state = PodState::Blocked {
+        since: t0,
+        budgets: Vec::new(),
+    };
+    let pods = [pod];
+    let deadline = t0 + Duration::from_secs(60);
+    let early = explain(&pods, t0, deadline, &none, &|_| None);
+    assert_eq!(
+        early.to_string(),
+        "1 pod left; default/web-a blocked by a PodDisruptionBudget for 0 s; deadline in 60 s"
+    );
+    let listed = explain(
+        &pods,
+        t0,
+        deadline,
+        &|_| vec!["default/web".into()],
+        &|_| Some(0),
+    );
+    assert_eq!(
+        listed.to_string(),
+        "1 pod left; default/web-a blocked by PDB default/web (0 disruptions allowed) for 0 s; deadline in 60 s"
+    );
+    assert!(
+        !early.same_cause(&listed),
+        "rewritten once the budget is known"
     );
 }
