@@ -30,32 +30,32 @@ impl Default for AgentMetrics {
     fn default() -> Self {
         let mut registry = Registry::default();
         let drain = Arc::new(DrainMetrics::register(&mut registry));
-        let m = Self {
-            registry,
-            lock_held: Gauge::default(),
-            gates_passing: Gauge::default(),
-            gates_wait_seconds: Gauge::default(),
-            passed: std::sync::atomic::AtomicBool::new(false),
-            drain,
-        };
-        let mut registry = m.registry;
+        let (lock_held, gates_passing, gates_wait_seconds) =
+            (Gauge::default(), Gauge::default(), Gauge::default());
         let agent = registry.sub_registry_with_prefix("nodeward_agent");
         agent.register(
             "shutdown_lock_held",
             "1 while the agent holds logind's shutdown delay lock (0: a shutdown would not wait for a drain)",
-            m.lock_held.clone(),
+            lock_held.clone(),
         );
         agent.register(
             "readiness_gates_passing",
             "1 while every readiness gate passes",
-            m.gates_passing.clone(),
+            gates_passing.clone(),
         );
         agent.register(
             "readiness_gates_wait_seconds",
             "Seconds from the agent's start until its readiness gates first passed (0 until they do)",
-            m.gates_wait_seconds.clone(),
+            gates_wait_seconds.clone(),
         );
-        Self { registry, ..m }
+        Self {
+            registry,
+            lock_held,
+            gates_passing,
+            gates_wait_seconds,
+            passed: std::sync::atomic::AtomicBool::new(false),
+            drain,
+        }
     }
 }
 

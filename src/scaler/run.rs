@@ -890,16 +890,9 @@ impl<P: Provider + 'static> Inner<P> {
         if let Some(d) = *lock(&first_sent) {
             first_create.get_or_insert(d);
         }
+        let (created, refused_hosts) = self.tally(group, results);
         // A machine the provider refused never joins: its token goes now. One whose create
         // failed otherwise (a timeout) may exist after all, so its token stays until it joins.
-        let refused_hosts: Vec<String> = results
-            .iter()
-            .filter_map(|r| match r {
-                Ok((host, Err(e))) if !e.is_retryable() => Some(host.clone()),
-                _ => None,
-            })
-            .collect();
-        let (created, refused) = self.tally(group, results);
         let abandoned: Vec<String> = {
             let mut tokens = lock(&self.tokens);
             refused_hosts
@@ -916,7 +909,7 @@ impl<P: Provider + 'static> Inner<P> {
         }) = decide::back_off(
             group,
             backoff.get(group).copied(),
-            refused,
+            u32::try_from(refused_hosts.len()).unwrap_or(u32::MAX),
             now,
             &self.settings,
         ) {
@@ -1015,13 +1008,14 @@ impl<P: Provider + 'static> Inner<P> {
         }
     }
 
-    /// Counts and reports a batch's outcomes: `(created, refused for good)`.
+    /// Counts and reports a batch's outcomes: how many were created, and the hostnames of the
+    /// machines the provider refused for good.
     fn tally(
         &self,
         group: &str,
         results: Vec<std::result::Result<(String, provider::Result<model::MachineView>), Error>>,
-    ) -> (u32, u32) {
-        let (mut created, mut refused) = (0, 0);
+    ) -> (u32, Vec<String>) {
+        let (mut created, mut refused) = (0, Vec::new());
         for result in results {
             let (host, r) = match result {
                 Ok(pair) => pair,
@@ -1055,7 +1049,7 @@ impl<P: Provider + 'static> Inner<P> {
                         .inc();
                     warn!(group, hostname = %host, error = %e, retryable = e.is_retryable(), "cannot create a machine");
                     if !e.is_retryable() {
-                        refused += 1;
+                        refused.push(host);
                     }
                 }
             }
