@@ -599,22 +599,10 @@ impl<P: Provider + 'static> Inner<P> {
             .observe(decided.elapsed().as_secs_f64());
         let states = decide::group_states(&snap, now, &self.settings);
         let pending = snap.pods.iter().filter(|p| p.unschedulable).count();
-        self.metrics
-            .pending_pods
-            .set(i64::try_from(pending).unwrap_or(i64::MAX));
-        for (g, st) in &states {
-            self.metrics
-                .group_size
-                .get_or_create(&metrics::group(g))
-                .set(i64::from(st.size));
-        }
+        self.export(&states, pending, &actions);
         for a in &actions {
             log_action(a, self.opts.dry_run);
         }
-        let holding = actions
-            .iter()
-            .any(|a| matches!(a, Action::GuardHolds { .. }));
-        self.metrics.guard_holding.set(i64::from(holding));
         if self.opts.dry_run {
             return Ok(actions);
         }
@@ -686,23 +674,16 @@ impl<P: Provider + 'static> Inner<P> {
                     let created = self
                         .scale_up(group, *count, &mut backoff, now, started, &mut first_create)
                         .await;
+                    let note = format!(
+                        "pod triggered scale-up: node group {group} +{created} ({reason:?})"
+                    );
                     for key in pods {
-                        if pod_events >= POD_EVENTS_PER_PASS {
+                        let (reason, note) = ("TriggeredScaleUp", note.clone());
+                        if !self
+                            .pod_event(&pods_by_key, key, &mut pod_events, reason, note)
+                            .await
+                        {
                             break;
-                        }
-                        if let Some(p) = pods_by_key.get(key) {
-                            pod_events += 1;
-                            let note = format!(
-                                "pod triggered scale-up: node group {group} +{created} ({reason:?})"
-                            );
-                            self.event(
-                                &pod_ref(p),
-                                EventType::Normal,
-                                "TriggeredScaleUp",
-                                "ScaleUp",
-                                note,
-                            )
-                            .await;
                         }
                     }
                     if *reason != ScaleUpReason::PendingPods {
@@ -710,19 +691,15 @@ impl<P: Provider + 'static> Inner<P> {
                     }
                 }
                 Action::NoScaleUp { pod, reason } => {
-                    if pod_events < POD_EVENTS_PER_PASS
-                        && let Some(p) = pods_by_key.get(pod)
-                    {
-                        pod_events += 1;
-                        self.event(
-                            &pod_ref(p),
-                            EventType::Normal,
-                            "NotTriggerScaleUp",
-                            "ScaleUp",
-                            reason.clone(),
-                        )
-                        .await;
-                    }
+                    let note = reason.clone();
+                    self.pod_event(
+                        &pods_by_key,
+                        pod,
+                        &mut pod_events,
+                        "NotTriggerScaleUp",
+                        note,
+                    )
+                    .await;
                 }
                 Action::CancelScaleDown { group, node } => {
                     // A drain under way checks the opt-out itself before its delete.
@@ -983,6 +960,49 @@ impl<P: Provider + 'static> Inner<P> {
             ]),
             cherry: g.cherry.clone(),
         })
+    }
+
+    /// A Normal `ScaleUp` Event on the pending pod `key`, within the pass's budget of pod
+    /// Events (`sent` of [`POD_EVENTS_PER_PASS`]); false once the budget is spent.
+    async fn pod_event(
+        &self,
+        pods_by_key: &BTreeMap<String, &model::PodView>,
+        key: &str,
+        sent: &mut usize,
+        reason: &str,
+        note: String,
+    ) -> bool {
+        if *sent >= POD_EVENTS_PER_PASS {
+            return false;
+        }
+        if let Some(p) = pods_by_key.get(key) {
+            *sent += 1;
+            self.event(&pod_ref(p), EventType::Normal, reason, "ScaleUp", note)
+                .await;
+        }
+        true
+    }
+
+    /// The pass's figures: pending pods, each group's size, whether the guard holds.
+    fn export(
+        &self,
+        states: &BTreeMap<String, decide::GroupState>,
+        pending: usize,
+        actions: &[Action],
+    ) {
+        self.metrics
+            .pending_pods
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        for (g, st) in states {
+            self.metrics
+                .group_size
+                .get_or_create(&metrics::group(g))
+                .set(i64::from(st.size));
+        }
+        let holding = actions
+            .iter()
+            .any(|a| matches!(a, Action::GuardHolds { .. }));
+        self.metrics.guard_holding.set(i64::from(holding));
     }
 
     /// Deletes the bootstrap tokens of machines whose Node has registered: the kubelet has its
