@@ -213,6 +213,16 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         })
         .transpose()?;
     let mut opts = crate::drain::DrainOptions::from_settings(&settings.drain, "nodeward drain");
+    // As nodeward-drain.service's ExecStop, systemd kills this at the unit's TimeoutStopSec=, and
+    // the questions below (the agent's status, systemd's job queue, up to `systemd::TIMEOUT`)
+    // come before the drain: ask for this drain's bound before any of them. On a real node under
+    // an emulated CPU they outlasted a 3 s TimeoutStopSec=, and the stop was killed undrained.
+    if !args.dry_run
+        && let Some(budget) =
+            crate::shutdown::stop_budget(timeout.unwrap_or(opts.timeout), opts.on_deadline)
+    {
+        crate::systemd::extend_stop_timeout(budget);
+    }
     // As nodeward-drain.service's ExecStop during a system shutdown: the agent's policy, and
     // nothing the agent already did (see crate::shutdown). The cordon is a shutdown cordon that
     // the agent lifts after the reboot; an operator's drain stays.

@@ -871,8 +871,10 @@ async fn the_drain_unit_stopped_while_the_agent_drains_waits_for_its_outcome() {
 
 /// As the drain unit's ExecStop, `nodeward drain` asks systemd (its `NOTIFY_SOCKET`) for the time
 /// its own bound needs, so a drain.timeout beyond the unit's `TimeoutStopSec=` is not cut off
-/// mid-drain: drain.timeout + 30 s while the agent drains, its own deadline + 30 s when it
-/// drains; nothing for `on_deadline = "wait"`, which has no end to announce.
+/// mid-drain: its own deadline + 30 s before it asks anything (a slow start and systemd's
+/// answers outlasted a short `TimeoutStopSec=` on a real node), drain.timeout + 30 s while the
+/// agent drains, its own deadline + 30 s when it drains; nothing for `on_deadline = "wait"`,
+/// which has no end to announce.
 #[tokio::test]
 async fn the_drain_unit_asks_systemd_for_the_time_its_deadline_needs() {
     let emu = emulator_with_web(1).await;
@@ -905,6 +907,8 @@ async fn the_drain_unit_asks_systemd_for_the_time_its_deadline_needs() {
     assert_eq!(
         received(),
         [
+            // First, before a question to the agent's status or to systemd: its own bound.
+            "EXTEND_TIMEOUT_USEC=130000000",
             "EXTEND_TIMEOUT_USEC=230000000",
             "EXTEND_TIMEOUT_USEC=130000000"
         ],
