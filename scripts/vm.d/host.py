@@ -1,8 +1,7 @@
 #!/usr/bin/python3
 """Host-side helpers of scripts/vm (not part of the image, not hashed into its cache key).
 
-  host.py kubeconfig KCFG OUT        minify + flatten KCFG's current context into OUT (JSON, which is
-                                     YAML); prints the API server's URL
+  host.py api-server KCFG            the API server's URL in KCFG's current context
   host.py pkgserver DIR CERT KEY PORTFILE LOG
                                      HTTPS file server on 127.0.0.1 (free port written to PORTFILE)
   host.py stamp                      copy stdin to stdout, each line prefixed with the host's time
@@ -31,12 +30,12 @@ def die(msg, code=1):
 
 
 # --- kubeconfig -----------------------------------------------------------------------------------
-def kubeconfig(src, out):
+def api_server(src):
+    """The server URL of KCFG's current context. Nothing else of it (no credential) reaches the VM."""
     import yaml
 
     with open(src) as f:
         cfg = yaml.safe_load(f) or {}
-    base = os.path.dirname(os.path.abspath(src))
     ctx_name = cfg.get("current-context")
     by_name = lambda kind, name: next(
         (x for x in cfg.get(kind) or [] if x.get("name") == name), None)
@@ -45,41 +44,10 @@ def kubeconfig(src, out):
         if len(cfg.get("contexts") or []) != 1:
             die(f"{src}: no current-context")
         ctx = cfg["contexts"][0]
-    c = ctx.get("context") or {}
-    cluster = by_name("clusters", c.get("cluster"))
-    user = by_name("users", c.get("user")) or {"name": "none", "user": {}}
+    cluster = by_name("clusters", (ctx.get("context") or {}).get("cluster"))
     if cluster is None or "server" not in (cluster.get("cluster") or {}):
         die(f"{src}: the current context names no cluster with a server")
-
-    def embed(d, key, data_key):
-        if key in d:
-            path = d.pop(key)
-            path = path if os.path.isabs(path) else os.path.join(base, path)
-            with open(path, "rb") as f:
-                d[data_key] = base64.b64encode(f.read()).decode()
-
-    cl = dict(cluster["cluster"])
-    embed(cl, "certificate-authority", "certificate-authority-data")
-    us = dict(user.get("user") or {})
-    embed(us, "client-certificate", "client-certificate-data")
-    embed(us, "client-key", "client-key-data")
-    if "tokenFile" in us:
-        with open(us.pop("tokenFile")) as f:
-            us["token"] = f.read().strip()
-    if "exec" in us or "auth-provider" in us:
-        die(f"{src}: exec/auth-provider credentials cannot be passed to the VM; use a token or client certificate")
-    flat = {
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": cluster["name"], "cluster": cl}],
-        "users": [{"name": user["name"], "user": us}],
-        "contexts": [{"name": ctx["name"], "context": {"cluster": cluster["name"], "user": user["name"]}}],
-        "current-context": ctx["name"],
-    }
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(flat, f, indent=1)
-    print(cl["server"])
-
+    print(cluster["cluster"]["server"])
 
 # --- package server -------------------------------------------------------------------------------
 def pkgserver(directory, cert, key, portfile, log):
@@ -254,8 +222,8 @@ def main(argv):
     if not argv:
         die("host.py: no command")
     cmd, rest = argv[0], argv[1:]
-    if cmd == "kubeconfig":
-        kubeconfig(*rest)
+    if cmd == "api-server":
+        api_server(*rest)
     elif cmd == "pkgserver":
         pkgserver(*rest)
     elif cmd == "stamp":
