@@ -314,12 +314,16 @@ impl PodView {
     }
 
     /// Keeps its node from being scaled down: the drain would refuse it (so a scale-down would
-    /// fail), or cluster-autoscaler's annotation or a hostPath volume says to keep it (the
-    /// scaler's own, stricter rule).
+    /// fail), or, for a pod the drain would move, cluster-autoscaler's annotation or a hostPath
+    /// volume says to keep it (the scaler's own, stricter rule). A pod that stays with its node
+    /// (DaemonSet, mirror, finished) never does: flannel's DaemonSet pod, with its hostPath
+    /// volumes, is on every node of a flannel cluster, and on a real node it kept an empty node
+    /// from ever being scaled down.
     pub fn blocks_scale_down(&self) -> bool {
         matches!(self.fate, Fate::Refuse(_))
-            || self.safe_to_evict == Some(false)
-            || (self.host_path && self.safe_to_evict != Some(true))
+            || (!self.stays()
+                && (self.safe_to_evict == Some(false)
+                    || (self.host_path && self.safe_to_evict != Some(true))))
     }
 }
 
