@@ -192,6 +192,64 @@ pub const NO_DRAIN_MARKER: &str = "/run/nodeward/no-drain";
 /// Overrides [`NO_DRAIN_MARKER`] (tests).
 pub const NO_DRAIN_MARKER_ENV: &str = "NODEWARD_NO_DRAIN_MARKER";
 
+/// As the drain unit's ExecStop at a system shutdown: the policy and the drain options for this
+/// shutdown, or `None` when there is nothing to do (the agent handled it, it was cancelled, or
+/// the policy says nothing).
+fn shutdown_drain(
+    action: crate::shutdown::UnitAction,
+    settings: &crate::config::Settings,
+    node: &str,
+) -> Option<(crate::config::ShutdownPolicy, crate::drain::DrainOptions)> {
+    let (kind, policy) = match action {
+        crate::shutdown::UnitAction::AgentDone(outcome) => {
+            let outcome = outcome.map_or_else(|| "unknown".into(), |o| o.to_string());
+            tracing::info!(node, %outcome, "the agent already handled this shutdown; nothing to do");
+            return None;
+        }
+        crate::shutdown::UnitAction::Cancelled => {
+            tracing::info!(
+                node,
+                "the agent's shutdown was cancelled; nothing to do (the agent arms this unit again)"
+            );
+            return None;
+        }
+        crate::shutdown::UnitAction::Apply(kind, p) => {
+            tracing::info!(node, ?kind, policy = ?p, "system shutdown: applying the [shutdown] policy");
+            if p == crate::config::ShutdownPolicy::Nothing {
+                return None;
+            }
+            (kind, p)
+        }
+    };
+    let reason =
+        format!("shutdown ({kind:?}; nodeward-drain.service stopped by the system)").to_lowercase();
+    Some((
+        policy,
+        crate::drain::DrainOptions::for_leaving_node(&settings.drain, reason, true),
+    ))
+}
+
+/// The `cordon` shutdown policy: the shutdown cordon alone, bounded by the drain's deadline.
+async fn cordon_only(
+    client: &kube::Client,
+    node: &str,
+    opts: &crate::drain::DrainOptions,
+) -> anyhow::Result<u8> {
+    let reason = &opts.reason;
+    let exclude_lb = opts.exclude_from_load_balancers;
+    let cordon = crate::drain::cordon_for_shutdown(client, node, reason, exclude_lb);
+    let Ok(done) = tokio::time::timeout(opts.timeout, cordon).await else {
+        eprintln!(
+            "nodeward: cannot cordon node {node}: no answer from the API server within the drain deadline ({:?})",
+            opts.timeout
+        );
+        return Ok(EXIT_DEADLINE);
+    };
+    done?;
+    println!("node {node}: cordoned ({reason})");
+    Ok(EXIT_OK)
+}
+
 async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
     let marker = std::env::var_os(NO_DRAIN_MARKER_ENV).map_or_else(
         || std::path::PathBuf::from(NO_DRAIN_MARKER),
@@ -233,31 +291,11 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         crate::shutdown::for_this_shutdown(&settings).await
     };
     if let Some(action) = unit {
-        let kind = match action {
-            crate::shutdown::UnitAction::AgentDone(outcome) => {
-                let outcome = outcome.map_or_else(|| "unknown".into(), |o| o.to_string());
-                tracing::info!(node, %outcome, "the agent already handled this shutdown; nothing to do");
-                return Ok(EXIT_OK);
-            }
-            crate::shutdown::UnitAction::Cancelled => {
-                tracing::info!(
-                    node,
-                    "the agent's shutdown was cancelled; nothing to do (the agent arms this unit again)"
-                );
-                return Ok(EXIT_OK);
-            }
-            crate::shutdown::UnitAction::Apply(kind, p) => {
-                tracing::info!(node, ?kind, policy = ?p, "system shutdown: applying the [shutdown] policy");
-                if p == crate::config::ShutdownPolicy::Nothing {
-                    return Ok(EXIT_OK);
-                }
-                policy = p;
-                kind
-            }
+        let Some((p, o)) = shutdown_drain(action, &settings, &node) else {
+            return Ok(EXIT_OK);
         };
-        let reason = format!("shutdown ({kind:?}; nodeward-drain.service stopped by the system)")
-            .to_lowercase();
-        opts = crate::drain::DrainOptions::for_leaving_node(&settings.drain, reason, true);
+        policy = p;
+        opts = o;
     }
     // The operator's word beats either default.
     if let Some(t) = timeout {
@@ -283,19 +321,7 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         return Ok(EXIT_OK);
     }
     if policy == crate::config::ShutdownPolicy::Cordon {
-        let reason = &opts.reason;
-        let exclude_lb = opts.exclude_from_load_balancers;
-        let cordon = crate::drain::cordon_for_shutdown(&client, &node, reason, exclude_lb);
-        let Ok(done) = tokio::time::timeout(opts.timeout, cordon).await else {
-            eprintln!(
-                "nodeward: cannot cordon node {node}: no answer from the API server within the drain deadline ({:?})",
-                opts.timeout
-            );
-            return Ok(EXIT_DEADLINE);
-        };
-        done?;
-        println!("node {node}: cordoned ({reason})");
-        return Ok(EXIT_OK);
+        return cordon_only(&client, &node, &opts).await;
     }
     let report = match crate::drain::drain(&client, &node, &opts).await {
         Ok(report) => report,
