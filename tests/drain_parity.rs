@@ -5,8 +5,8 @@
 //! asked of both tools with the same flags: the pinned kubectl (`$KUBECTL`) as
 //! `kubectl drain --dry-run=client --ignore-daemonsets`, nodeward as `nodeward drain --dry-run`.
 //! Each row states both verdicts; a kubectl upgrade that changes one fails its row. Where the two
-//! differ, the row names its line in README's table "Where nodeward differs from kubectl drain",
-//! and that line must be there.
+//! differ, the row names its line in the table "Where nodeward differs from kubectl drain" of
+//! docs/src/drain.md, and that line must be there.
 //!
 //! The controller-manager is paused throughout, so the objects stay exactly as written: no
 //! garbage collector removes a pod whose owner is missing, no DaemonSet controller adds pods.
@@ -44,8 +44,8 @@ const FLAGS: [&[&str]; 4] = [
     &["--force", "--delete-emptydir-data"],
 ];
 
-/// One case: its label (README's, where the tools differ), the pods of its node (the first is
-/// the one judged), then kubectl's and nodeward's verdicts under each of [`FLAGS`].
+/// One case: its label (docs/src/drain.md's, where the tools differ), the pods of its node (the
+/// first is the one judged), then kubectl's and nodeward's verdicts under each of [`FLAGS`].
 struct Case {
     label: &'static str,
     pods: Vec<Value>,
@@ -367,7 +367,8 @@ async fn owners(admin: &kube::Client, ns: &str) -> Owners {
 async fn verdicts_match_kubectls(cluster: Cluster) {
     let admin = cluster.admin().await;
     let kubeconfig = cluster.admin_kubeconfig();
-    let readme = std::fs::read_to_string(common::repo().join("README.md")).expect("README.md");
+    let readme = std::fs::read_to_string(common::repo().join("docs/src/drain.md"))
+        .expect("docs/src/drain.md");
     let ns = unique("parity");
     common::create_namespace(&admin, &ns).await;
     // Pods need the namespace's default ServiceAccount, which the controller-manager makes.
@@ -430,7 +431,7 @@ async fn verdicts_match_kubectls(cluster: Cluster) {
     for case in &cases {
         if case.kubectl != case.nodeward && !readme.contains(&format!("| {} |", case.label)) {
             failures.push(format!(
-                "{}: the tools differ, but README's table \"Where nodeward differs from kubectl drain\" has no row \"| {} |\"",
+                "{}: the tools differ, but docs/src/drain.md's table \"Where nodeward differs from kubectl drain\" has no row \"| {} |\"",
                 case.label, case.label
             ));
         }

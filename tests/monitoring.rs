@@ -1,7 +1,7 @@
 //! The shipped monitoring (packaging/monitoring: Prometheus alert rules, a Grafana dashboard)
-//! names only metrics the binaries export, and the README documents every metric the agent
-//! exports. (`promtool check rules` and `promtool test rules` check the rules themselves, in
-//! scripts/test.)
+//! names only metrics the binaries export, and the book's monitoring chapter
+//! (docs/src/monitoring.md) documents every metric the agent exports. (`promtool check rules` and
+//! `promtool test rules` check the rules themselves, in scripts/test.)
 
 use std::collections::BTreeSet;
 
@@ -99,12 +99,12 @@ fn alerts_and_dashboard_name_only_exported_metrics() {
 
 #[test]
 fn the_readme_documents_every_metric_the_agent_exports() {
-    let readme = repo_file("README.md");
+    let readme = repo_file("docs/src/monitoring.md");
     let agent = agent();
     for family in families(&agent.metrics()) {
         assert!(
             readme.contains(&format!("`{family}")),
-            "README.md does not document {family}"
+            "docs/src/monitoring.md does not document {family}"
         );
     }
 }
