@@ -486,7 +486,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<u8> {
     let client = crate::kube_client::client(args.kubeconfig.as_deref()).await?;
     if args.lease_namespace.is_some() || args.lease_duration.is_some() {
         tracing::warn!(
-            "--lease-namespace and --lease-duration are ignored: every replica of the controller acts, with guarded writes, and none waits for a Lease (remove them; see README, \"Readiness\")"
+            "--lease-namespace and --lease-duration are ignored: every replica of the controller acts, with guarded writes, and none waits for a Lease (remove them; see docs/src/readiness.md)"
         );
     }
     let opts = crate::readiness::controller::Options {

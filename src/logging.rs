@@ -46,8 +46,8 @@ pub fn init(level: Option<&str>) -> Result<(), Error> {
     let registry = tracing_subscriber::registry().with(filter);
     match journald {
         Some(layer) => registry
-            // Fields as the README documents them (`NODE=`, `GATE=`, `OUTCOME=`), not the
-            // layer's default `F_NODE=`.
+            // Fields as docs/src/operations.md documents them (`NODE=`, `GATE=`, `OUTCOME=`),
+            // not the layer's default `F_NODE=`.
             .with(
                 layer
                     .with_syslog_identifier("nodeward".to_string())

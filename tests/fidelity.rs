@@ -2,7 +2,7 @@
 //! sees — status codes, `reason`, `details.causes`, eviction answers, budget status, selectors,
 //! finalizers, `kubectl create namespace` — compared line by line. A difference fails the test;
 //! a difference the emulator keeps on purpose is listed in `KNOWN_GAPS` with its reason (and in
-//! tests/kube-emulator/README.md).
+//! tests/kube-emulator/README.md; the suite is described in docs/src/control-plane.md).
 //!
 //! Needs the real control plane (`NODEWARD_CONTROL_PLANE`, see tests/common).
 

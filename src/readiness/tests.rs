@@ -142,7 +142,7 @@ fn current_means_same_status_reason_and_message() {
 
 /// packaging/kubernetes/node-readiness-rule.yaml held to what node-readiness-controller (NRC)
 /// was found to require and do when run for real (v0.5.0-14 against nodeward's control plane;
-/// README, "Readiness"): its API refuses a rule without a `nodeSelector` and one whose taint key
+/// docs/src/readiness.md): its API refuses a rule without a `nodeSelector` and one whose taint key
 /// is not `readiness.k8s.io/<name>` (name: 1-63 characters, alphanumeric at both ends, `-_.`
 /// inside); it lifts the taint when every listed condition has its `requiredStatus` and keeps
 /// it (adding it if missing) otherwise, a missing condition included. The rule must select every

@@ -69,7 +69,7 @@ struct TemplateTaint<'a> {
     effect: String,
 }
 
-/// The variables templates see; documented in README.md ("Template variables").
+/// The variables templates see; documented in docs/src/bootstrap.md ("Values").
 #[derive(Serialize)]
 struct Context<'a> {
     cluster_name: &'a str,

@@ -60,8 +60,8 @@ impl Cluster {
             .unwrap_or_else(|| {
                 panic!(
                     "this test needs a real control plane: run `scripts/control-plane up DIR` \
-                 (it builds kube-apiserver & co. from Go modules; see README, \"Testing against a \
-                 real control plane\") and set {CONTROL_PLANE_ENV}=DIR"
+                 (it builds kube-apiserver & co. from Go modules; see docs/src/control-plane.md) \
+                 and set {CONTROL_PLANE_ENV}=DIR"
                 )
             });
         assert!(

@@ -2,7 +2,7 @@
 # The shipped NodeReadinessRule against the real node-readiness-controller (NRC), by hand.
 #
 # NRC's Go module is not served by the module proxy, so CI cannot build it; this is how it was
-# run for README "Readiness" (NRC v0.5.0-14, its dependencies from the proxy):
+# run for docs/src/readiness.md (NRC v0.5.0-14, its dependencies from the proxy):
 #   1. its source, e.g. through the search tool's fetch, exported to NRC_SRC;
 #      (cd "$NRC_SRC" && go build -o bin/manager ./cmd)
 #   2. scripts/control-plane up DIR

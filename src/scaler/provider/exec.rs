@@ -1,8 +1,9 @@
 //! The `exec` provider: three configured commands (list, create, delete) speaking JSON, so any
 //! cloud CLI or on-prem tooling can supply machines.
 //!
-//! Protocol (also in README.md, "Providers" under "The scaler"): each command gets one JSON object on stdin and answers on
-//! stdout; exit status 0 means success, anything else fails with stderr as the message.
+//! Protocol (also in docs/src/scaler.md, "Providers"): each command gets one JSON object on
+//! stdin and answers on stdout; exit status 0 means success, anything else fails with stderr as
+//! the message.
 //! - list: `{"action":"list","cluster":C}` → `[{"id","hostname","group","created_at"}, ...]`
 //!   (the cluster's machines; `created_at` RFC 3339);
 //! - create: `{"action":"create","cluster","group","hostname","plan","region","image",

@@ -7,7 +7,8 @@
 //! (indexed by node for pods), the four patch formats, graceful pod deletion with a kubelet
 //! stand-in, finalizers, and the Eviction API with PodDisruptionBudgets computed as the
 //! disruption controller does. It has no scheduler, no workload controllers, no admission and
-//! no authentication; see the README for the full list of what it leaves out.
+//! no authentication; see docs/src/emulator.md in the repository for the full list of what it
+//! leaves out.
 //!
 //! ```no_run
 //! # async fn demo() -> kube_emulator::Result<()> {
