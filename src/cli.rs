@@ -153,6 +153,11 @@ pub struct DrainArgs {
     /// or drain.delete_emptydir_data_on_shutdown during a system shutdown); =false says no.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub delete_emptydir_data: Option<bool>,
+    /// Surge before evict: ask a Deployment for a replacement, Ready elsewhere, before evicting
+    /// its pod when the eviction would leave no ready replica (default: drain.surge; a pod asks
+    /// for it itself with nodeward.io/drain: surge); =false says no.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub surge: Option<bool>,
     /// Kubeconfig to use (default: node.kubeconfig, else KUBECONFIG / ~/.kube/config / in-cluster).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,

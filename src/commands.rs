@@ -250,6 +250,27 @@ async fn cordon_only(
     Ok(EXIT_OK)
 }
 
+/// The operator's word beats either default (the `[drain]` settings, or the agent's policy in a
+/// shutdown): `--timeout`, `--force`, `--delete-emptydir-data`, `--surge`.
+fn operators_word(
+    opts: &mut crate::drain::DrainOptions,
+    args: &DrainArgs,
+    timeout: Option<std::time::Duration>,
+) {
+    if let Some(t) = timeout {
+        opts.timeout = t;
+    }
+    if let Some(force) = args.force {
+        opts.plan.force = force;
+    }
+    if let Some(delete) = args.delete_emptydir_data {
+        opts.plan.delete_emptydir_data = delete;
+    }
+    if let Some(surge) = args.surge {
+        opts.plan.surge = surge;
+    }
+}
+
 async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
     let marker = std::env::var_os(NO_DRAIN_MARKER_ENV).map_or_else(
         || std::path::PathBuf::from(NO_DRAIN_MARKER),
@@ -297,16 +318,7 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         policy = p;
         opts = o;
     }
-    // The operator's word beats either default.
-    if let Some(t) = timeout {
-        opts.timeout = t;
-    }
-    if let Some(force) = args.force {
-        opts.plan.force = force;
-    }
-    if let Some(delete) = args.delete_emptydir_data {
-        opts.plan.delete_emptydir_data = delete;
-    }
+    operators_word(&mut opts, &args, timeout);
     // As nodeward-drain.service's ExecStop, systemd would kill this at the unit's
     // TimeoutStopSec=, however drain.timeout is set: ask for this drain's own deadline instead.
     if !args.dry_run

@@ -737,6 +737,204 @@ async fn a_pods_own_drain_timeout_caps_its_wait(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
+/// Applies the opt-in `rbac-agent-surge.yaml` (every node may scale Deployments); returns the
+/// names of what it created, for [`unbind`].
+async fn apply_surge_rbac(admin: &kube::Client) -> Vec<String> {
+    let path = common::repo().join("packaging/kubernetes/rbac-agent-surge.yaml");
+    let yaml = std::fs::read_to_string(&path).expect("rbac-agent-surge.yaml");
+    let docs: Vec<serde_json::Value> = serde_norway::Deserializer::from_str(&yaml)
+        .map(|d| serde_json::Value::deserialize(d).expect("yaml"))
+        .collect();
+    let mut names = Vec::new();
+    for doc in docs {
+        let name = doc["metadata"]["name"].as_str().expect("name").to_string();
+        match doc["kind"].as_str() {
+            Some("ClusterRole") => {
+                let api: Api<ClusterRole> = Api::all(admin.clone());
+                let _ = api.delete(&name, &Default::default()).await;
+                let role = serde_json::from_value(doc).expect("role");
+                api.create(&PostParams::default(), &role)
+                    .await
+                    .expect("create role");
+            }
+            Some("ClusterRoleBinding") => {
+                let api: Api<ClusterRoleBinding> = Api::all(admin.clone());
+                let _ = api.delete(&name, &Default::default()).await;
+                let binding = serde_json::from_value(doc).expect("binding");
+                api.create(&PostParams::default(), &binding)
+                    .await
+                    .expect("create binding");
+            }
+            other => panic!("unexpected kind {other:?} in rbac-agent-surge.yaml"),
+        }
+        names.push(name);
+    }
+    names
+}
+
+/// Polls a Service's EndpointSlices every [`POLL`], as a client that load-balances over ready
+/// endpoints would, until `stop`; returns the longest time it saw no ready endpoint (from the
+/// first poll that saw none to the first that saw one again) and how many polls it made.
+/// The endpoint watcher's poll: ten times finer than the 100 ms client of the issue, so that a gap
+/// shorter than one of its polls cannot slip through unseen.
+const POLL: Duration = Duration::from_millis(10);
+
+fn watch_ready_endpoints(
+    admin: kube::Client,
+    ns: String,
+    service: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<(Duration, usize)> {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    tokio::spawn(async move {
+        let slices: Api<EndpointSlice> = Api::namespaced(admin, &ns);
+        let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={service}"));
+        let (mut longest, mut polls, mut down_since) = (Duration::ZERO, 0, None);
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let ready = slices
+                .list(&lp)
+                .await
+                .expect("list endpointslices")
+                .items
+                .iter()
+                .flat_map(|s| &s.endpoints)
+                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                .count();
+            let now = std::time::Instant::now();
+            match (ready, down_since) {
+                (0, None) => down_since = Some(now),
+                (0, Some(_)) => {}
+                (_, Some(t)) => {
+                    longest = longest.max(now - t);
+                    down_since = None;
+                }
+                (_, None) => {}
+            }
+            polls += 1;
+            tokio::time::sleep(POLL).await;
+        }
+        if let Some(t) = down_since {
+            longest = longest.max(t.elapsed());
+        }
+        (longest, polls)
+    })
+}
+
+/// Surge before evict, on the real control plane: two single-replica Deployments behind
+/// Services on the node, one of them annotated `nodeward.io/drain: surge` and under a budget that
+/// allows no disruption. One drain: a client polling ready endpoints every 10 ms sees the plain
+/// one without a ready endpoint for a while, and the surged one never; the surged Deployment's
+/// replica count is back to 1 when the drain returns.
+async fn surge_keeps_a_single_replica_serving(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 1).await;
+    let rbac = apply_surge_rbac(&admin).await;
+    nodeward::drain::cordon(&admin, &spare, "test setup", false)
+        .await
+        .expect("cordon spare");
+    common::create::<Deployment>(
+        &admin,
+        json!({
+            "metadata": {"name": "solo", "namespace": ns},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "solo"}},
+                "template": {"metadata": {"labels": {"app": "solo"},
+                        "annotations": {"nodeward.io/drain": "surge"}},
+                    "spec": {"nodeSelector": {"nodeward-test/pool": ns},
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
+        }),
+    )
+    .await;
+    common::create::<PodDisruptionBudget>(
+        &admin,
+        json!({"metadata": {"name": "solo", "namespace": ns},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "solo"}}}}),
+    )
+    .await;
+    for app in ["web", "solo"] {
+        common::create::<k8s_openapi::api::core::v1::Service>(
+            &admin,
+            json!({"metadata": {"name": app, "namespace": ns},
+                "spec": {"selector": {"app": app}, "ports": [{"port": 80}]}}),
+        )
+        .await;
+    }
+    wait_pods(&admin, &ns, "solo", "solo Ready on the target", |p| {
+        p.len() == 1 && ready(&p[0]) && node_of(&p[0]) == Some(target.as_str())
+    })
+    .await;
+    nodeward::drain::uncordon(&admin, &spare, true)
+        .await
+        .expect("uncordon spare");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchers = ["web", "solo"].map(|svc| {
+        let w = watch_ready_endpoints(admin.clone(), ns.clone(), svc, stop.clone());
+        (svc, w)
+    });
+    // Both serve before the drain (the watchers' first polls would count a gap otherwise).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = std::time::Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(["drain", &target, "--timeout", "60s", "--kubeconfig"])
+        .arg(cluster.node_kubeconfig(&target))
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run nodeward drain");
+    let took = t0.elapsed();
+    let log = common::output_text(&out);
+    assert!(out.status.success(), "{log}");
+    // The surge happened (and only for solo): asked, waited for, given back.
+    for said in [
+        "surge: asked the Deployment for a replacement",
+        "surge: the replacement is Ready",
+        "surge: replica given back",
+    ] {
+        assert_eq!(log.matches(said).count(), 1, "{said:?} once in:\n{log}");
+    }
+    let replicas = Api::<Deployment>::namespaced(admin.clone(), &ns)
+        .get("solo")
+        .await
+        .expect("solo")
+        .spec
+        .and_then(|s| s.replicas);
+    wait_pods(
+        &admin,
+        &ns,
+        "web",
+        "web's replacement Ready on the spare",
+        |p| {
+            p.iter()
+                .any(|p| ready(p) && node_of(p) == Some(spare.as_str()))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut gaps = std::collections::BTreeMap::new();
+    for (svc, w) in watchers {
+        let (gap, polls) = w.await.expect("watcher");
+        eprintln!(
+            "{svc}: longest time without a ready endpoint {gap:?} ({polls} polls, every {POLL:?})"
+        );
+        assert!(polls >= 50, "{svc}: the watcher polled {polls} times");
+        gaps.insert(svc, gap);
+    }
+    eprintln!("drain of both in {took:?}");
+    assert_eq!(replicas, Some(1), "the surge's replica was given back");
+    assert!(
+        gaps["web"] > Duration::ZERO,
+        "without surge the watcher saw no gap: it could not have seen one with surge either"
+    );
+    assert_eq!(
+        gaps["solo"],
+        Duration::ZERO,
+        "with surge, never without a ready endpoint"
+    );
+    for name in rbac {
+        unbind(&admin, &name).await;
+    }
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
 real_only! {
     a_dedicated_agent_identity_writes_only_its_own_node => super::a_dedicated_identity_writes_only_its_own_node;
     a_node_drains_itself_within_the_budget => super::node_drains_itself_within_the_budget;
@@ -747,4 +945,5 @@ real_only! {
     a_terminating_namespace_is_waited_for_not_forbidden => super::a_terminating_namespace_is_waited_for;
     a_blocked_drain_explains_itself_on_the_node_and_its_pods => super::a_blocked_drain_explains_itself;
     a_pods_own_drain_timeout_caps_its_wait_for_its_budget => super::a_pods_own_drain_timeout_caps_its_wait;
+    surge_before_evict_keeps_a_single_replica_serving => super::surge_keeps_a_single_replica_serving;
 }

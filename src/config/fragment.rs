@@ -131,6 +131,8 @@ fragment!(
         exclude_from_load_balancers: bool,
         /// Priority waves.
         waves: Waves,
+        /// Surge before evict.
+        surge: bool,
     }
 );
 
@@ -472,6 +474,7 @@ impl Fragment {
                     .exclude_from_load_balancers
                     .unwrap_or(d.drain.exclude_from_load_balancers),
                 waves: drain.waves.map_or(d.drain.waves, |w| w.0),
+                surge: drain.surge.unwrap_or(d.drain.surge),
             },
             agent: super::AgentSettings {
                 status_file: agent.status_file.unwrap_or(d.agent.status_file),

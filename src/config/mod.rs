@@ -178,6 +178,10 @@ pub struct DrainSettings {
     pub exclude_from_load_balancers: bool,
     /// Priority waves, lowest `min_priority` first.
     pub waves: Vec<Wave>,
+    /// Surge before evict: ask a Deployment for a replacement and wait until it is Ready
+    /// elsewhere before evicting its pod, when the eviction would leave no ready replica or its
+    /// budget allows none (a pod opts in itself with `nodeward.io/drain: surge`).
+    pub surge: bool,
 }
 
 impl Default for Settings {
@@ -204,6 +208,9 @@ impl Default for Settings {
                 concurrency: 32,
                 exclude_from_load_balancers: true,
                 waves: types::default_waves(),
+                // Opt-in: it changes other objects than the node's own (a Deployment's replica
+                // count), and needs the extra RBAC of rbac-agent-surge.yaml.
+                surge: false,
             },
             agent: AgentSettings {
                 // tmpfs: the status describes this boot only.

@@ -32,7 +32,8 @@ use super::explain;
 use super::narrate::Narrator;
 use super::plan::{self, Answer, Cause, Outcome, Plan, PlanOptions, PodRef};
 pub use super::step::DrainOutcome;
-use super::step::{Command, Deleted, Limits, Refusal, Schedule, Step, Tracked, Verdict};
+use super::step::{Command, Deleted, Limits, PodState, Refusal, Schedule, Step, Tracked, Verdict};
+use super::surging::{self, Surges};
 use crate::config::OnDeadline;
 use crate::node_write::{self, NodeWrite, WriteError};
 use crate::store::Mirror;
@@ -176,6 +177,7 @@ impl DrainOptions {
                 force: s.force,
                 delete_emptydir_data: s.delete_emptydir_data,
                 waves: s.waves.clone(),
+                surge: s.surge,
             },
             concurrency: usize::try_from(s.concurrency).unwrap_or(usize::MAX),
             timeout: s.timeout,
@@ -442,10 +444,15 @@ fn uids(pods: &Mirror<Pod>) -> BTreeSet<String> {
         .collect()
 }
 
+/// How long a drain that ended waits for its surges' replicas to be given back.
+const GIVE_BACK_LIMIT: Duration = Duration::from_secs(10);
+
 /// A request's answer, fed back to the schedule.
 enum Reply {
     Evict(std::result::Result<(), kube::Error>),
     Delete(std::result::Result<(), kube::Error>),
+    Surge(super::surging::Started),
+    SurgeReady(std::result::Result<bool, kube::Error>),
 }
 
 type Request = futures::future::BoxFuture<'static, (PodRef, Reply)>;
@@ -651,6 +658,7 @@ impl<'a> Drain<'a> {
         let mut narrator =
             eventful.then(|| Narrator::new(self.client, self.node, self.recorder.clone()));
         let mut inflight: FuturesUnordered<Request> = FuturesUnordered::new();
+        let mut surges = Surges::default();
         let outcome = loop {
             let now = Instant::now();
             // One snapshot of the budgets per step, not one per blocked pod.
@@ -661,34 +669,21 @@ impl<'a> Drain<'a> {
                 Step::Run { commands, wake } => (commands, wake),
             };
             for c in commands {
-                self.perform(c, &mut inflight);
+                self.perform(c, &mut inflight, &mut surges);
             }
-            if narrator.is_some() || self.opts.metrics.is_some() {
-                let selecting = |t: &Tracked| {
-                    plan::budgets_for(
-                        &t.pod.namespace,
-                        &t.labels,
-                        snapshot.iter().map(AsRef::as_ref),
-                    )
-                    .into_iter()
-                    .map(pdb_key)
-                    .collect()
-                };
-                let e = explain::explain(schedule.tracked(), now, deadline, &selecting, &|b| {
-                    allowed_in(&snapshot, b)
-                });
-                if let Some(n) = narrator.as_mut() {
-                    wake = wake.min(n.update(now, &e));
-                }
-                if let Some(m) = &self.opts.metrics {
-                    m.waiting(&e);
-                }
+            if let Some(at) = self.check_surges(now, &mut surges, &mut inflight) {
+                wake = wake.min(at);
+            }
+            if let Some(at) = self.explain(&schedule, &snapshot, now, deadline, narrator.as_mut()) {
+                wake = wake.min(at);
             }
             tokio::select! {
                 Some((pod, reply)) = inflight.next(), if !inflight.is_empty() => {
-                    self.answered(&mut schedule, &w.budgets, &pod, reply, narrator.as_mut())?;
+                    self.answered(&mut schedule, &w.budgets, &pod, reply, narrator.as_mut(), &mut surges)?;
                 }
-                Some(ev) = w.pod_events.next() => self.pod_event(&mut schedule, &mut w.pods, &w.daemonsets, ev)?,
+                Some(ev) = w.pod_events.next() => {
+                    self.pod_event(&mut schedule, &mut w.pods, &w.daemonsets, ev, &mut surges)?;
+                }
                 Some(ev) = w.pdb_events.next() => match ev {
                     Ok(ev) => w.budgets.apply(&ev),
                     Err(e) => check_watch_error(self.node, &e, "list and watch poddisruptionbudgets")?,
@@ -700,10 +695,43 @@ impl<'a> Drain<'a> {
                 _ = tokio::time::sleep_until(wake) => {}
             }
         };
+        surges.finish(self.client, GIVE_BACK_LIMIT).await;
         let report = DrainReport::of(self.node, outcome, schedule.finish(), started.elapsed());
         self.announce_end(&report, eventful, narrator).await;
         info!(node = self.node, summary = %report.to_string().trim_end(), "drain finished");
         Ok(report)
+    }
+
+    /// Says what the drain waits on at `now`: on the Node (through the narrator, which answers
+    /// when it wants to write next) and in the metrics.
+    fn explain(
+        &self,
+        schedule: &Schedule,
+        budgets: &[std::sync::Arc<PodDisruptionBudget>],
+        now: Instant,
+        deadline: Instant,
+        narrator: Option<&mut Narrator>,
+    ) -> Option<Instant> {
+        if narrator.is_none() && self.opts.metrics.is_none() {
+            return None;
+        }
+        let selecting = |t: &Tracked| {
+            plan::budgets_for(
+                &t.pod.namespace,
+                &t.labels,
+                budgets.iter().map(AsRef::as_ref),
+            )
+            .into_iter()
+            .map(pdb_key)
+            .collect()
+        };
+        let e = explain::explain(schedule.tracked(), now, deadline, &selecting, &|b| {
+            allowed_in(budgets, b)
+        });
+        if let Some(m) = &self.opts.metrics {
+            m.waiting(&e);
+        }
+        narrator.map(|n| n.update(now, &e))
     }
 
     /// Reads the Node and cordons it (recording nodeward's ownership), both by the deadline.
@@ -765,6 +793,7 @@ impl<'a> Drain<'a> {
         pods: &mut Mirror<Pod>,
         daemonsets: &Mirror<PartialObjectMeta<DaemonSet>>,
         ev: watcher::Result<watcher::Event<Pod>>,
+        surges: &mut Surges,
     ) -> Result<()> {
         let ev = match ev {
             Ok(ev) => ev,
@@ -774,7 +803,9 @@ impl<'a> Drain<'a> {
         match &ev {
             watcher::Event::Apply(p) => self.track(schedule, p, daemonsets),
             watcher::Event::Delete(p) => {
-                schedule.gone(p.metadata.uid.as_deref().unwrap_or_default());
+                let uid = p.metadata.uid.as_deref().unwrap_or_default();
+                schedule.gone(uid);
+                surges.end(self.client, uid);
             }
             // A relist replaced the set: whatever it lacks is gone.
             watcher::Event::InitDone => schedule.observe(&uids(pods)),
@@ -846,8 +877,32 @@ impl<'a> Drain<'a> {
     }
 
     /// Starts what the schedule asked for; answers come back through `inflight`.
-    fn perform(&self, command: Command, inflight: &mut FuturesUnordered<Request>) {
+    fn perform(
+        &self,
+        command: Command,
+        inflight: &mut FuturesUnordered<Request>,
+        surges: &mut Surges,
+    ) {
         match command {
+            Command::Surge {
+                pod,
+                replica_set,
+                budget_open,
+            } => {
+                let client = self.client.clone();
+                inflight.push(
+                    async move {
+                        let started =
+                            surging::start(&client, &pod, &replica_set, budget_open).await;
+                        (pod, Reply::Surge(started))
+                    }
+                    .boxed(),
+                );
+            }
+            Command::SurgeGaveUp(pod) => {
+                warn!(pod = %pod, "surge: the replacement is not Ready after half the time left; evicting without it");
+                surges.end(self.client, &pod.uid);
+            }
             Command::Evict(pod) => {
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
                 inflight.push(
@@ -900,6 +955,61 @@ impl<'a> Drain<'a> {
         }
     }
 
+    /// Reads the ready count of the surges waiting for their replacement, every
+    /// [`surging::CHECK_EVERY`]; returns when to look next.
+    fn check_surges(
+        &self,
+        now: Instant,
+        surges: &mut Surges,
+        inflight: &mut FuturesUnordered<Request>,
+    ) -> Option<Instant> {
+        let (due, next) = surges.due(now);
+        for s in due {
+            let client = self.client.clone();
+            inflight.push(
+                async move {
+                    let ready = surging::ready(&client, &s).await;
+                    (s.pod, Reply::SurgeReady(ready))
+                }
+                .boxed(),
+            );
+        }
+        next
+    }
+
+    /// A surge's answer: started (wait for the replacement), or not (evict now); a read of its
+    /// ready count.
+    fn surge_answered(
+        &self,
+        schedule: &mut Schedule,
+        surges: &mut Surges,
+        pod: &PodRef,
+        reply: Reply,
+    ) {
+        match reply {
+            Reply::Surge(surging::Started::Surged(s)) => {
+                surges.started(s);
+                schedule.surge_answered(&pod.uid, true);
+            }
+            Reply::Surge(surging::Started::Without(why)) => {
+                info!(pod = %pod, "surge: none: {why}; evicting as usual");
+                schedule.surge_answered(&pod.uid, false);
+            }
+            Reply::SurgeReady(Ok(ready)) => {
+                surges.checked(&pod.uid, ready);
+                if ready {
+                    info!(pod = %pod, "surge: the replacement is Ready; evicting");
+                    schedule.replaced(&pod.uid);
+                }
+            }
+            Reply::SurgeReady(Err(e)) => {
+                debug!(pod = %pod, error = %e, "surge: cannot read the Deployment; trying again");
+                surges.checked(&pod.uid, false);
+            }
+            Reply::Evict(_) | Reply::Delete(_) => {}
+        }
+    }
+
     /// Feeds an answer back to the schedule, logging what it means.
     fn answered(
         &self,
@@ -908,8 +1018,13 @@ impl<'a> Drain<'a> {
         pod: &PodRef,
         reply: Reply,
         narrator: Option<&mut Narrator>,
+        surges: &mut Surges,
     ) -> Result<()> {
         let result = match reply {
+            Reply::Surge(_) | Reply::SurgeReady(_) => {
+                self.surge_answered(schedule, surges, pod, reply);
+                return Ok(());
+            }
             Reply::Delete(result) => {
                 let deleted = match result {
                     Ok(()) => Deleted::Accepted,
@@ -951,7 +1066,15 @@ impl<'a> Drain<'a> {
             let allowed = matching.first().and_then(|b| allowed_in(&all, b));
             n.blocked(pod, &matching, allowed);
         }
-        match schedule.evict_answered(&pod.uid, &answer, matching, Instant::now()) {
+        let verdict = schedule.evict_answered(&pod.uid, &answer, matching, Instant::now());
+        if schedule
+            .get(&pod.uid)
+            .is_some_and(|t| matches!(t.state, PodState::Leaving | PodState::Gone))
+        {
+            // Evicted: its surge's replica goes back (the replacement already serves).
+            surges.end(self.client, &pod.uid);
+        }
+        match verdict {
             Verdict::Continue => Ok(()),
             Verdict::Forbidden => Err(Error::Forbidden {
                 verb: "create pods/eviction",

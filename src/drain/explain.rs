@@ -29,6 +29,8 @@ pub const REFRESH: Duration = Duration::from_secs(15);
 pub enum Reason {
     /// A budget refused at least one pod's eviction: the drain waits for it to allow one.
     WaitingForBudget,
+    /// A surge asked a Deployment for a replacement: the drain waits for it to be Ready.
+    WaitingForReplacement,
     /// Evictions are being sent or answered.
     Evicting,
     /// The API server failed evictions; they are retried with back-off.
@@ -42,6 +44,7 @@ impl Reason {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::WaitingForBudget => "WaitingForBudget",
+            Self::WaitingForReplacement => "WaitingForReplacement",
             Self::Evicting => "Evicting",
             Self::WaitingForRetry => "WaitingForRetry",
             Self::WaitingForTermination => "WaitingForTermination",
@@ -77,6 +80,8 @@ pub struct Explanation {
     pub retrying: usize,
     /// Of those, how many were evicted and are terminating.
     pub terminating: usize,
+    /// Of those, how many wait for their surge's replacement to be Ready.
+    pub replacing: usize,
     /// The longest-blocked pod, when a budget blocks any.
     pub blocker: Option<Blocker>,
     /// Time to the deadline; `None` once it has passed.
@@ -95,6 +100,7 @@ pub fn explain<'a>(
     allowed: &dyn Fn(&str) -> Option<i32>,
 ) -> Explanation {
     let (mut left, mut blocked, mut evicting, mut retrying, mut terminating) = (0, 0, 0, 0, 0);
+    let mut replacing = 0;
     let mut blocker: Option<(Instant, &Tracked, &[String])> = None;
     for t in pods {
         match &t.state {
@@ -102,6 +108,7 @@ pub fn explain<'a>(
             PodState::Pending | PodState::InFlight => evicting += 1,
             PodState::Backoff { .. } => retrying += 1,
             PodState::Leaving => terminating += 1,
+            PodState::Surging { .. } => replacing += 1,
             PodState::Blocked { since, budgets } => {
                 blocked += 1;
                 if blocker.is_none_or(|(s, b, _)| (*since, &t.pod) < (s, &b.pod)) {
@@ -113,6 +120,8 @@ pub fn explain<'a>(
     }
     let reason = if blocked > 0 {
         Reason::WaitingForBudget
+    } else if replacing > 0 {
+        Reason::WaitingForReplacement
     } else if evicting > 0 {
         Reason::Evicting
     } else if retrying > 0 {
@@ -127,6 +136,7 @@ pub fn explain<'a>(
         evicting,
         retrying,
         terminating,
+        replacing,
         blocker: blocker.map(|(since, t, refused_by)| {
             let now_selecting = selecting(t);
             let budgets = if now_selecting.is_empty() {
@@ -153,6 +163,7 @@ impl Explanation {
         self.reason == other.reason
             && self.left == other.left
             && self.blocked == other.blocked
+            && self.replacing == other.replacing
             && blocker(self) == blocker(other)
             && self.deadline_in.is_some() == other.deadline_in.is_some()
     }
@@ -186,6 +197,14 @@ impl fmt::Display for Explanation {
             if self.blocked > 1 {
                 write!(f, ", {} pods blocked in all", self.blocked)?;
             }
+        }
+        if self.replacing > 0 {
+            write!(
+                f,
+                "; {} pod{} waiting for a replacement to be Ready elsewhere (surge)",
+                self.replacing,
+                plural(self.replacing)
+            )?;
         }
         match self.deadline_in {
             Some(d) => write!(f, "; deadline in {} s", secs(d)),

@@ -18,7 +18,7 @@ use super::step::DrainOutcome;
 pub type Label = Vec<(String, String)>;
 
 /// What each `waiting_on` value of `nodeward_drain_pods_left` means.
-pub const WAITING_ON: [&str; 4] = ["budget", "eviction", "retry", "termination"];
+pub const WAITING_ON: [&str; 5] = ["budget", "eviction", "retry", "termination", "replacement"];
 
 /// A drain's metrics, registered once per process and shared by its drains.
 #[derive(Debug)]
@@ -92,7 +92,13 @@ impl DrainMetrics {
 
     /// What the running drain waits on now.
     pub fn waiting(&self, e: &Explanation) {
-        let counts = [e.blocked, e.evicting, e.retrying, e.terminating];
+        let counts = [
+            e.blocked,
+            e.evicting,
+            e.retrying,
+            e.terminating,
+            e.replacing,
+        ];
         for (on, n) in WAITING_ON.iter().zip(counts) {
             self.pods_left
                 .get_or_create(&label("waiting_on", on))

@@ -16,6 +16,8 @@ pub mod metrics;
 mod narrate;
 pub mod plan;
 pub mod step;
+pub mod surge;
+mod surging;
 
 pub use exec::{
     CordonOutcome, DrainOptions, DrainOutcome, DrainReport, UncordonOutcome, cordon,

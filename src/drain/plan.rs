@@ -177,6 +177,9 @@ pub struct PlanOptions {
     pub delete_emptydir_data: bool,
     /// Priority waves, ascending `min_priority`.
     pub waves: Vec<Wave>,
+    /// Surge every Deployment's pod before its eviction ([`super::surge`]; a pod asks for it
+    /// itself with `nodeward.io/drain: surge`).
+    pub surge: bool,
 }
 
 impl PlanOptions {

@@ -108,6 +108,14 @@ pub enum PodState {
     /// Its budget blocked it past its own `nodeward.io/drain-timeout` under `on_deadline =
     /// abandon`: the drain no longer waits for it (reported as left behind).
     GaveUp,
+    /// A replacement was asked of its Deployment ([`super::surge`]); evicted once it is Ready
+    /// elsewhere, or at `until` without it.
+    Surging {
+        /// When the surge was asked for.
+        since: Instant,
+        /// When the drain stops waiting for the replacement.
+        until: Instant,
+    },
 }
 
 /// One pod the drain evicts or refuses.
@@ -132,6 +140,9 @@ pub struct Tracked {
     pub budget_wait: Option<Duration>,
     /// When a budget first refused it.
     pub first_blocked: Option<Instant>,
+    /// The ReplicaSet to surge through before its eviction ([`super::surge::wish`]), until the
+    /// surge was tried (once).
+    pub surge: Option<String>,
 }
 
 impl Tracked {
@@ -181,6 +192,19 @@ pub enum Command {
     },
     /// The deadline passed and `on_deadline = wait`: the drain goes on (said once).
     WaitingPastDeadline,
+    /// Ask the pod's Deployment (through `replica_set`) for a replacement before the eviction;
+    /// answer with [`Schedule::surge_answered`], then [`Schedule::replaced`] once it is Ready.
+    Surge {
+        /// The pod.
+        pod: PodRef,
+        /// Its controller.
+        replica_set: String,
+        /// Whether a budget selecting the pod allows a disruption now.
+        budget_open: bool,
+    },
+    /// The replacement was not Ready in time: the pod is evicted without it, and the
+    /// Deployment's replica count goes back.
+    SurgeGaveUp(PodRef),
 }
 
 /// What to do at `now`.
@@ -287,6 +311,14 @@ impl Schedule {
             self.notes.push(note);
             None
         });
+        let surge = match super::surge::wish(pod, self.plan.surge) {
+            super::surge::Wish::Through(rs) => Some(rs),
+            super::surge::Wish::No => None,
+            super::surge::Wish::Cannot(note) => {
+                self.notes.push(note);
+                None
+            }
+        };
         let (wave, state) = match plan::decide(pod, &self.plan, daemonset_exists) {
             Decision::Evict { wave, .. } if pod.metadata.deletion_timestamp.is_some() => {
                 (wave, PodState::Leaving)
@@ -310,6 +342,7 @@ impl Schedule {
                 fallback_sent: false,
                 budget_wait,
                 first_blocked: None,
+                surge,
             },
         );
     }
@@ -396,6 +429,7 @@ impl Schedule {
             }
         }
         self.own_deadlines(now, &mut commands);
+        self.surges_due(now, &mut commands);
         self.fallback(now, &mut commands);
         self.evict(now, budget_open, &mut commands);
         Step::Run {
@@ -453,6 +487,18 @@ impl Schedule {
                 break;
             }
             if t.wave <= self.wave && retry_at(t, now, budget_open).is_some_and(|at| now >= at) {
+                if let Some(replica_set) = t.surge.take() {
+                    // Half the time left: the eviction keeps the other half if no replacement
+                    // comes.
+                    let until = now + self.deadline.saturating_duration_since(now) / 2;
+                    t.state = PodState::Surging { since: now, until };
+                    commands.push(Command::Surge {
+                        pod: t.pod.clone(),
+                        replica_set,
+                        budget_open: budget_open(t),
+                    });
+                    continue;
+                }
                 t.state = PodState::InFlight;
                 t.attempts += 1;
                 t.outstanding += 1;
@@ -473,6 +519,11 @@ impl Schedule {
         }
         if self.wave + 1 < self.wave_ends.len() {
             wake = wake.min(self.wave_ends[self.wave]);
+        }
+        for t in self.pods.values() {
+            if let PodState::Surging { until, .. } = t.state {
+                wake = wake.min(until);
+            }
         }
         if let Some(own) = self
             .pods
@@ -495,6 +546,35 @@ impl Schedule {
             wake = wake.min(t);
         }
         wake
+    }
+
+    /// Surges whose replacement is not Ready by their `until`: the pod is evicted without it.
+    fn surges_due(&mut self, now: Instant, commands: &mut Vec<Command>) {
+        for t in self.pods.values_mut() {
+            if let PodState::Surging { until, .. } = t.state
+                && now >= until
+            {
+                t.state = PodState::Pending;
+                commands.push(Command::SurgeGaveUp(t.pod.clone()));
+            }
+        }
+    }
+
+    /// The answer to a [`Command::Surge`]: `started` when the Deployment got its extra replica;
+    /// otherwise (not needed, or refused) the pod is evicted now.
+    pub fn surge_answered(&mut self, uid: &str, started: bool) {
+        if !started {
+            self.replaced(uid);
+        }
+    }
+
+    /// The surge's replacement is Ready (or there will be none): the pod is evicted now.
+    pub fn replaced(&mut self, uid: &str) {
+        if let Some(t) = self.pods.get_mut(uid)
+            && matches!(t.state, PodState::Surging { .. })
+        {
+            t.state = PodState::Pending;
+        }
     }
 
     /// Pods whose budget has blocked them past their own drain timeout get the deadline policy

@@ -19,6 +19,7 @@ fn tracked(name: &str, state: PodState) -> Tracked {
         fallback_sent: false,
         budget_wait: None,
         first_blocked: None,
+        surge: None,
     }
 }
 
@@ -200,5 +201,28 @@ fn a_budget_not_listed_yet_is_named_once_it_is() {
     assert!(
         !early.same_cause(&listed),
         "rewritten once the budget is known"
+    );
+}
+
+/// A pod waiting for its surge's replacement is what the drain waits on, said with the count.
+#[test]
+fn a_surge_in_progress_is_named() {
+    let t0 = Instant::now();
+    let surging = PodState::Surging {
+        since: t0,
+        until: t0 + Duration::from_secs(30),
+    };
+    let pods = [tracked("solo", surging), tracked("api", PodState::Leaving)];
+    let e = explain(
+        &pods,
+        t0 + Duration::from_secs(2),
+        t0 + Duration::from_secs(60),
+        &none,
+        &|_| None,
+    );
+    assert_eq!(e.reason, Reason::WaitingForReplacement);
+    assert_eq!(
+        e.to_string(),
+        "2 pods left; 1 pod waiting for a replacement to be Ready elsewhere (surge); deadline in 58 s"
     );
 }

@@ -29,6 +29,7 @@ fn opts(force: bool, emptydir: bool) -> PlanOptions {
         force,
         delete_emptydir_data: emptydir,
         waves: crate::config::Settings::default().drain.waves,
+        surge: false,
     }
 }
 

@@ -227,6 +227,7 @@ fn schedule(case: &Case, t0: Instant) -> Schedule {
                     share_of_deadline: 0.3,
                 },
             ],
+            surge: false,
         },
         t0,
     )
@@ -319,6 +320,9 @@ impl Model {
                     s.delete_answered(&pod.uid, result);
                 }
                 Command::WaveEnded { .. } | Command::WaitingPastDeadline => {}
+                Command::Surge { .. } | Command::SurgeGaveUp(_) => {
+                    prop_assert!(false, "a surge no pod asked for: {c:?}");
+                }
             }
         }
         Ok(())

@@ -45,6 +45,7 @@ fn schedule(on_deadline: OnDeadline, concurrency: usize, t0: Instant) -> Schedul
                     share_of_deadline: 0.3,
                 },
             ],
+            surge: false,
         },
         t0,
     )
@@ -559,4 +560,136 @@ fn a_drain_timeout_that_is_not_a_duration_is_said_once_and_ignored() {
     );
     assert!(s.take_notes().is_empty());
     assert_eq!(s.get("typo").and_then(|t| t.budget_wait), None);
+}
+
+fn commands(step: &Step) -> Vec<Command> {
+    match step {
+        Step::Run { commands, .. } => commands.clone(),
+        Step::Done(o) => panic!("expected commands, got Done({o:?})"),
+    }
+}
+
+fn surge_pod(name: &str) -> Pod {
+    let mut p = pod(name, 0);
+    p.metadata.annotations = Some([("nodeward.io/drain".into(), "surge".into())].into());
+    p
+}
+
+/// A pod that asks for a surge is not evicted at its turn: the Deployment is asked for a
+/// replacement first (with what its budget allows now), and the eviction goes once the
+/// replacement is Ready; the pod waits in its own state, which the explanation names.
+#[test]
+fn a_surge_comes_before_the_eviction() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&surge_pod("solo"), &no_daemonsets);
+    s.track(&pod("other", 0), &no_daemonsets);
+    let first = run(&mut s, t0, Duration::ZERO, &closed);
+    assert_eq!(evicted(&first), ["other"], "the other pod goes as always");
+    assert!(commands(&first).contains(&Command::Surge {
+        pod: PodRef {
+            namespace: "ns".into(),
+            name: "solo".into(),
+            uid: "solo".into()
+        },
+        replica_set: "rs".into(),
+        budget_open: false,
+    }));
+    s.surge_answered("solo", true);
+    let waiting = run(&mut s, t0, 10 * MS, &closed);
+    assert!(evicted(&waiting).is_empty(), "waits for the replacement");
+    assert!(
+        matches!(
+            s.get("solo").map(|t| &t.state),
+            Some(PodState::Surging { .. })
+        ),
+        "{:?}",
+        s.get("solo")
+    );
+    s.replaced("solo");
+    let now = run(&mut s, t0, 20 * MS, &closed);
+    assert_eq!(
+        evicted(&now),
+        ["solo"],
+        "evicted once the replacement is Ready"
+    );
+    // Only once: a budget's refusal after this is retried as any other, with no second surge.
+    s.evict_answered(
+        "solo",
+        &answer(429, Cause::DisruptionBudget),
+        vec![],
+        t0 + 30 * MS,
+    );
+    let retry = run(&mut s, t0, 100 * MS, &open);
+    assert_eq!(evicted(&retry), ["solo"]);
+    assert!(
+        !commands(&retry)
+            .iter()
+            .any(|c| matches!(c, Command::Surge { .. }))
+    );
+}
+
+/// A surge that is not needed (or refused) evicts at once; one whose replacement is not Ready by
+/// half the time left gives up and evicts without it, saying so.
+#[test]
+fn a_surge_gives_way_to_the_eviction() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&surge_pod("a"), &no_daemonsets);
+    s.track(&surge_pod("b"), &no_daemonsets);
+    let first = run(&mut s, t0, Duration::ZERO, &open);
+    assert!(evicted(&first).is_empty());
+    s.surge_answered("a", false);
+    s.surge_answered("b", true);
+    let next = run(&mut s, t0, 10 * MS, &open);
+    assert_eq!(evicted(&next), ["a"], "no surge needed: evicted now");
+    // 10 s deadline: b's surge waits 5 s at most, and the schedule wakes for it.
+    assert_eq!(wake(&next, t0), Duration::from_secs(5));
+    let late = run(&mut s, t0, Duration::from_secs(5), &open);
+    let c = commands(&late);
+    assert!(
+        c.iter()
+            .any(|c| matches!(c, Command::SurgeGaveUp(p) if p.name == "b")),
+        "{c:?}"
+    );
+    assert_eq!(evicted(&late), ["b"]);
+}
+
+/// `drain.surge = true` surges every Deployment's pod; a StatefulSet's pod asking for one is
+/// evicted without it, and told why.
+#[test]
+fn surge_for_the_node_and_never_for_a_statefulset() {
+    let t0 = Instant::now();
+    let mut s = Schedule::new(
+        Limits {
+            concurrency: 10,
+            timeout: Duration::from_secs(10),
+            on_deadline: OnDeadline::Abandon,
+        },
+        PlanOptions {
+            force: false,
+            delete_emptydir_data: false,
+            waves: crate::config::Settings::default().drain.waves,
+            surge: true,
+        },
+        t0,
+    );
+    s.track(&pod("web", 0), &no_daemonsets);
+    let mut db = surge_pod("db-0");
+    if let Some(r) = db.metadata.owner_references.as_mut() {
+        r[0].kind = "StatefulSet".into();
+    }
+    s.track(&db, &no_daemonsets);
+    let notes = s.take_notes();
+    assert!(
+        notes.len() == 1 && notes[0].contains("StatefulSet"),
+        "{notes:?}"
+    );
+    let first = run(&mut s, t0, Duration::ZERO, &open);
+    assert_eq!(evicted(&first), ["db-0"]);
+    assert!(
+        commands(&first)
+            .iter()
+            .any(|c| matches!(c, Command::Surge { pod, .. } if pod.name == "web"))
+    );
 }

@@ -2392,6 +2392,7 @@ fn one_verdict_per_pod_kind_for_drain_and_scale_down() {
         force: false,
         delete_emptydir_data: false,
         waves: Vec::new(),
+        surge: false,
     };
     let leave = crate::scaler::model::LeaveContext {
         rules: opts.rules(),
