@@ -5,9 +5,13 @@
 //! of retrying blind, so the built-in retry is turned off here for every client.
 
 use std::path::Path;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 /// Errors building a client.
 #[derive(Debug, thiserror::Error)]
@@ -41,13 +45,15 @@ pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
 /// A client for `kubeconfig`, or kube's inference (KUBECONFIG, ~/.kube/config, in-cluster)
 /// when `None`, each request bounded by [`REQUEST_DEADLINE`].
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
-    client_with_deadline(kubeconfig, REQUEST_DEADLINE).await
+    client_with_deadline(kubeconfig, REQUEST_DEADLINE, None).await
 }
 
-/// [`client`] with another deadline for the answer to begin.
+/// [`client`] with another deadline for the answer to begin, counting its failed requests in
+/// `errors` when given.
 pub async fn client_with_deadline(
     kubeconfig: Option<&Path>,
     deadline: Duration,
+    errors: Option<&ApiErrors>,
 ) -> Result<kube::Client, Error> {
     let mut config = match kubeconfig {
         Some(path) => {
@@ -65,10 +71,111 @@ pub async fn client_with_deadline(
         None => kube::Config::infer().await.map_err(Error::Infer)?,
     };
     config.default_retry = false;
-    Ok(kube::client::ClientBuilder::try_from(config)
+    let builder = kube::client::ClientBuilder::try_from(config)
         .map_err(Error::Build)?
-        .with_layer(&tower::timeout::TimeoutLayer::new(deadline))
-        .build())
+        .with_layer(&tower::timeout::TimeoutLayer::new(deadline));
+    // Outside the deadline, so that a request it ends counts as one with no answer.
+    Ok(match errors {
+        Some(errors) => builder.with_layer(&CountErrors(errors.clone())).build(),
+        None => builder.build(),
+    })
+}
+
+/// Failed requests to the API server by `verb` and `code` (the HTTP status of an answer of 400
+/// or more, or `none` when no answer came: refused, reset, past the deadline). A counter family,
+/// as the agent exports it (`nodeward_agent_api_errors_total`).
+pub type ApiErrors = Family<Vec<(String, String)>, Counter>;
+
+/// The Kubernetes verb of a request, as the API server's audit log names it: `watch`, `list` or
+/// `get` for a GET (a watch asks `watch=true`; a list names a collection, a get one object),
+/// `create`, `update`, `patch`, `delete`.
+pub fn verb(method: &http::Method, uri: &http::Uri) -> &'static str {
+    match *method {
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE => "delete",
+        http::Method::GET => {
+            if uri
+                .query()
+                .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"))
+            {
+                return "watch";
+            }
+            let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+            // /api/v1/… or /apis/GROUP/VERSION/…, then an optional namespaces/NS/.
+            let rest = match segments.first() {
+                Some(&"api") => segments.get(2..),
+                Some(&"apis") => segments.get(3..),
+                _ => None,
+            }
+            .unwrap_or_default();
+            let rest = match rest {
+                ["namespaces", _, resource, more @ ..] => (resource, more.len()),
+                [resource, more @ ..] => (resource, more.len()),
+                [] => return "get",
+            };
+            if rest.1 == 0 { "list" } else { "get" }
+        }
+        _ => "other",
+    }
+}
+
+/// A layer counting each failed request in [`ApiErrors`].
+#[derive(Clone)]
+struct CountErrors(ApiErrors);
+
+impl<S> tower::Layer<S> for CountErrors {
+    type Service = Counted<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Counted {
+            inner,
+            errors: self.0.clone(),
+        }
+    }
+}
+
+/// A service whose failed requests are counted.
+#[derive(Clone)]
+struct Counted<S> {
+    inner: S,
+    errors: ApiErrors,
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for Counted<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let verb = verb(req.method(), req.uri());
+        let errors = self.errors.clone();
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let result = answer.await;
+            let code = match &result {
+                Ok(r) if r.status().as_u16() < 400 => None,
+                Ok(r) => Some(r.status().as_str().to_string()),
+                Err(_) => Some("none".to_string()),
+            };
+            if let Some(code) = code {
+                let labels = vec![
+                    ("verb".to_string(), verb.to_string()),
+                    ("code".to_string(), code),
+                ];
+                errors.get_or_create(&labels).inc();
+            }
+            result
+        })
+    }
 }
 
 #[cfg(test)]
@@ -93,9 +200,11 @@ mod tests {
         let kubeconfig = dir.path().join("kubeconfig");
         kube_emulator::write_kubeconfig(&kubeconfig, &format!("http://127.0.0.1:{port}"))
             .expect("kubeconfig");
-        let client = client_with_deadline(Some(&kubeconfig), Duration::from_millis(500))
-            .await
-            .expect("client");
+        let errors = ApiErrors::default();
+        let client =
+            client_with_deadline(Some(&kubeconfig), Duration::from_millis(500), Some(&errors))
+                .await
+                .expect("client");
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
         let started = std::time::Instant::now();
         let answer = tokio::time::timeout(Duration::from_secs(20), nodes.get("x"))
@@ -107,5 +216,80 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+        let labels = vec![
+            ("verb".to_string(), "get".to_string()),
+            ("code".to_string(), "none".to_string()),
+        ];
+        assert_eq!(
+            errors.get_or_create(&labels).get(),
+            1,
+            "counted as a get with no answer"
+        );
+    }
+
+    /// Answers of 400 and more are counted by verb and code; successes are not.
+    #[tokio::test]
+    async fn failed_answers_are_counted_by_verb_and_code() {
+        let emu = kube_emulator::Emulator::start(kube_emulator::EmulatorOptions::default())
+            .await
+            .expect("emulator");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        kube_emulator::write_kubeconfig(&kubeconfig, &emu.url()).expect("kubeconfig");
+        let errors = ApiErrors::default();
+        let client = client_with_deadline(Some(&kubeconfig), REQUEST_DEADLINE, Some(&errors))
+            .await
+            .expect("client");
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+        assert!(nodes.get("missing").await.is_err());
+        nodes.list(&Default::default()).await.expect("list");
+        let count = |verb: &str, code: &str| {
+            errors
+                .get_or_create(&vec![
+                    ("verb".to_string(), verb.to_string()),
+                    ("code".to_string(), code.to_string()),
+                ])
+                .get()
+        };
+        assert_eq!(count("get", "404"), 1);
+        assert_eq!(count("list", "200"), 0);
+    }
+
+    #[test]
+    fn verbs_as_the_audit_log_names_them() {
+        let cases = [
+            ("GET", "/api/v1/nodes", "list"),
+            ("GET", "/api/v1/nodes/n1", "get"),
+            (
+                "GET",
+                "/api/v1/namespaces/ns/pods?fieldSelector=spec.nodeName%3Dn1",
+                "list",
+            ),
+            (
+                "GET",
+                "/api/v1/namespaces/ns/pods?watch=true&resourceVersion=5",
+                "watch",
+            ),
+            ("GET", "/api/v1/namespaces/ns", "get"),
+            (
+                "GET",
+                "/apis/apps/v1/namespaces/ns/deployments/web/scale",
+                "get",
+            ),
+            ("GET", "/apis/policy/v1/poddisruptionbudgets", "list"),
+            ("POST", "/api/v1/namespaces/ns/pods/p/eviction", "create"),
+            ("PATCH", "/api/v1/nodes/n1/status", "patch"),
+            (
+                "PUT",
+                "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l",
+                "update",
+            ),
+            ("DELETE", "/api/v1/namespaces/ns/pods/p", "delete"),
+        ];
+        for (method, uri, want) in cases {
+            let m: http::Method = method.parse().expect("method");
+            let u: http::Uri = uri.parse().expect("uri");
+            assert_eq!(verb(&m, &u), want, "{method} {uri}");
+        }
     }
 }

@@ -24,6 +24,8 @@ pub struct AgentMetrics {
     passed: std::sync::atomic::AtomicBool,
     /// The drains the agent runs.
     pub drain: Arc<DrainMetrics>,
+    /// Its failed requests to the API server, by verb and code (its client counts them).
+    pub api_errors: crate::kube_client::ApiErrors,
 }
 
 impl Default for AgentMetrics {
@@ -48,8 +50,15 @@ impl Default for AgentMetrics {
             "Seconds from the agent's start until its readiness gates first passed (0 until they do)",
             gates_wait_seconds.clone(),
         );
+        let api_errors = crate::kube_client::ApiErrors::default();
+        agent.register(
+            "api_errors",
+            "Requests to the API server that failed, by verb (get, list, watch, create, patch, update, delete) and code (the HTTP status of an answer >= 400, or none: no answer)",
+            api_errors.clone(),
+        );
         Self {
             registry,
+            api_errors,
             lock_held,
             gates_passing,
             gates_wait_seconds,
@@ -89,6 +98,12 @@ mod tests {
         let m = AgentMetrics::default();
         m.lock_held.set(1);
         m.drain.answered(429);
+        m.api_errors
+            .get_or_create(&vec![
+                ("verb".into(), "patch".into()),
+                ("code".into(), "503".into()),
+            ])
+            .inc();
         let _running = m.drain.started();
         let text = m.metrics();
         for name in [
@@ -98,6 +113,7 @@ mod tests {
             "nodeward_drain_in_progress 1",
             "nodeward_drain_evictions_total{code=\"429\"} 1",
             "nodeward_drain_deadline_seconds 0",
+            "nodeward_agent_api_errors_total{verb=\"patch\",code=\"503\"} 1",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

@@ -614,7 +614,13 @@ impl Agent {
             return;
         };
         let state = if path.exists() {
-            match crate::kube_client::client_with_deadline(Some(&path), REQUEST_DEADLINE).await {
+            match crate::kube_client::client_with_deadline(
+                Some(&path),
+                REQUEST_DEADLINE,
+                Some(&self.metrics.api_errors),
+            )
+            .await
+            {
                 Ok(c) => {
                     info!(kubeconfig = %path.display(), "kubeconfig loaded; watching the Node");
                     self.client = Some(c);
