@@ -210,6 +210,7 @@ mod tests {
             startup_taint: false,
             cordoned_by: None,
             last_drain: None,
+            draining: None,
             warnings: Vec::new(),
         }
     }

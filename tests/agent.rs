@@ -700,6 +700,73 @@ async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
     h.shutdown().await;
 }
 
+/// A shutdown drain that a budget blocks says so in the status file, every blocked pod with its
+/// budget and how long it has waited, and `nodeward status` prints them; gone once it ends.
+#[tokio::test]
+async fn logind_a_blocked_drain_lists_every_blocked_pod_in_the_status() {
+    let h = harness(CAP).await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    seed_workload(&emu, 3);
+    emu.create(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"minAvailable": 3, "selector": {"matchLabels": {"app": "web"}}}
+    }))
+    .expect("pdb");
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: Some(h.dropin_dir()),
+        extra: "",
+    });
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 1)
+        .await
+        .expect("lock taken");
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    h.power_off().await.expect("PowerOff");
+    let st = agent
+        .wait_status("the drain lists its 3 blocked pods", |s| {
+            s.draining.as_ref().is_some_and(|d| d.blocked.len() == 3)
+        })
+        .await;
+    let d = st.draining.as_ref().expect("draining");
+    assert_eq!(d.reason, "WaitingForBudget", "{st}");
+    assert!(d.deadline_at.is_some(), "{st}");
+    let text = st.to_string();
+    for pod in ["default/web-0", "default/web-1", "default/web-2"] {
+        assert!(
+            text.contains(&format!("  blocked:     {pod} by PDB default/web")),
+            "{pod} missing:\n{text}"
+        );
+    }
+    // The same from the command, off the emulator's runtime.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(["status", "--config"])
+        .arg(agent.config_file())
+        .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+        .output()
+        .await
+        .expect("nodeward status");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{printed}");
+    assert!(
+        printed.contains("draining now:  WaitingForBudget: 3 pods left")
+            && printed.contains("  blocked:     default/web-2 by PDB default/web"),
+        "{printed}"
+    );
+    h.wait_for_unit_started("poweroff.target", SOON)
+        .await
+        .expect("the drain ends at its deadline and the lock goes");
+    let st = agent
+        .wait_status("drain over", |s| s.last_drain.is_some())
+        .await;
+    assert!(st.draining.is_none(), "{st}");
+    h.shutdown().await;
+}
+
 fn emu_node(emu: &EmulatorHandle) -> Node {
     serde_json::from_value(emu.get("nodes", None, NODE).expect("node")).expect("node json")
 }

@@ -258,6 +258,8 @@ struct Agent {
         Duration,
     )>,
     last_drain: Option<DrainSummary>,
+    /// What the running shutdown drain waits on, as it says it (for the status file).
+    drain_progress: Option<tokio::sync::watch::Receiver<Option<crate::drain::explain::Progress>>>,
     /// Stops nodeward-drain.service during a shutdown drain; true when it stopped an armed unit
     /// (which a cancelled shutdown then starts again).
     drain_unit: Option<tokio::task::JoinHandle<bool>>,
@@ -321,6 +323,7 @@ impl Agent {
             logind_backoff: LOGIND_RETRY_MIN,
             shutdown_started: None,
             last_drain: None,
+            drain_progress: None,
             drain_unit: None,
             warnings: Vec::new(),
             notified_ready: false,
@@ -390,6 +393,8 @@ impl Agent {
         let mut watchdog_tick = tokio::time::interval(watchdog.map_or(Duration::MAX, |d| d / 2));
 
         let mut drain: Option<DrainFuture> = None;
+        // The running drain's word on what it waits on: the status file follows it.
+        let mut progress = None;
         // A deadline too far to represent (a config of years) is as good as none.
         let boot_deadline_at = self
             .started
@@ -414,6 +419,7 @@ impl Agent {
                     Some(ev) => {
                         if let Some(d) = self.on_logind(ev).await {
                             drain = Some(d);
+                            progress.clone_from(&self.drain_progress);
                             // The drain unit's ExecStop waits for the outcome in the status
                             // file, which must say "draining" before the unit is stopped.
                             self.publish();
@@ -490,8 +496,10 @@ impl Agent {
                 }
                 summary = async { match drain.as_mut() { Some(d) => d.await, None => std::future::pending().await } } => {
                     drain = None;
+                    progress = None;
                     self.drain_ended(summary);
                 }
+                Ok(()) = changed_or_pending(&mut progress) => {}
                 answer = async { match access_check.as_mut() { Some(a) => a.await, None => std::future::pending().await } } => {
                     access_check = None;
                     access_retry_at = self.access_answered(answer).then(|| Instant::now() + ACCESS_RECHECK);
@@ -950,6 +958,10 @@ impl Agent {
             startup_taint: n.is_some_and(readiness::has_startup_taint),
             cordoned_by: n.and_then(node::cordon_owner),
             last_drain: self.last_drain.clone(),
+            draining: self
+                .drain_progress
+                .as_ref()
+                .and_then(|p| p.borrow().clone()),
             warnings: self.warnings_now(),
         };
         self.export(&status);
@@ -1008,6 +1020,16 @@ where
 
 fn not_init<K>(ev: &watcher::Result<watcher::Event<K>>) -> std::future::Ready<bool> {
     std::future::ready(!matches!(ev, Ok(watcher::Event::Init)))
+}
+
+/// The next change of a watched value, or never when there is none to watch.
+async fn changed_or_pending<T>(
+    rx: &mut Option<tokio::sync::watch::Receiver<T>>,
+) -> Result<(), tokio::sync::watch::error::RecvError> {
+    match rx.as_mut() {
+        Some(rx) => rx.changed().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn next_or_pending<T>(s: &mut Option<BoxStream<'static, T>>) -> Option<T> {

@@ -71,6 +71,9 @@ impl Agent {
         let exclude_lb = s.drain.exclude_from_load_balancers;
         let mut opts = crate::drain::DrainOptions::for_leaving_node(&s.drain, reason.clone(), true);
         opts.metrics = Some(self.metrics.drain.clone());
+        let (progress, watching) = tokio::sync::watch::channel(None);
+        opts.progress = Some(std::sync::Arc::new(progress));
+        self.drain_progress = Some(watching);
         let until = now + deadline;
         Some(match policy {
             ShutdownPolicy::Nothing => {
@@ -182,6 +185,7 @@ impl Agent {
         );
         self.phase_to(PhaseEvent::DrainEnded);
         self.last_drain = Some(summary);
+        self.drain_progress = None;
         if self.lock == Lock::Held {
             self.lock_to(LockEvent::ReleasedForShutdown);
         }

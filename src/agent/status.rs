@@ -143,8 +143,16 @@ pub struct Status {
     pub cordoned_by: Option<String>,
     /// The last shutdown drain.
     pub last_drain: Option<DrainSummary>,
+    /// The shutdown drain running now: what it waits on, every pod a budget blocks.
+    #[serde(default)]
+    pub draining: Option<crate::drain::explain::Progress>,
     /// Things an operator should fix (cap too short, kubelet holds a lock).
     pub warnings: Vec<String>,
+}
+
+/// Milliseconds as seconds with one decimal, as the status prints them.
+fn ms(v: u64) -> String {
+    format!("{:.1}s", v as f64 / 1000.0)
 }
 
 /// Writes `status` to `path` atomically.
@@ -332,7 +340,6 @@ pub fn read(path: &Path) -> Result<Status, Error> {
 
 impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms = |v: u64| format!("{:.1}s", v as f64 / 1000.0);
         writeln!(f, "node:          {} (agent pid {})", self.node, self.pid)?;
         writeln!(f, "phase:         {:?}", self.phase)?;
         writeln!(f, "waiting for:   {}", self.waiting_for)?;
@@ -387,6 +394,13 @@ impl std::fmt::Display for Status {
                 "NOT READY IN TIME: the gates did not pass within agent.boot_deadline"
             )?;
         }
+        self.fmt_drains(f)
+    }
+}
+
+impl Status {
+    /// The last drain, the one running now with every pod a budget blocks, and the warnings.
+    fn fmt_drains(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.last_drain {
             None => writeln!(f, "last drain:    none since the agent started")?,
             Some(d) => writeln!(
@@ -401,6 +415,12 @@ impl std::fmt::Display for Status {
                 d.left_behind.len(),
                 ms(d.elapsed_ms)
             )?,
+        }
+        if let Some(d) = &self.draining {
+            writeln!(f, "draining now:  {}: {}", d.reason, d.message)?;
+            for line in d.blocked_lines(jiff::Timestamp::now()) {
+                writeln!(f, "  blocked:     {line}")?;
+            }
         }
         for w in &self.warnings {
             writeln!(f, "WARNING:       {w}")?;
@@ -452,6 +472,7 @@ mod tests {
             startup_taint: true,
             cordoned_by: None,
             last_drain: None,
+            draining: None,
             warnings: vec!["kubelet holds a delay lock".into()],
         }
     }

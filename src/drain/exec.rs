@@ -153,6 +153,9 @@ pub struct DrainOptions {
     /// The machine is shutting down: the cordon is recorded as a shutdown cordon, which the
     /// agent lifts when the node comes back (see [`cordon::lift_after_shutdown`]).
     pub shutdown: bool,
+    /// Where what the drain waits on goes, each time the Node's condition is written (the
+    /// agent's status file), if anywhere.
+    pub progress: Option<super::narrate::Progress>,
 }
 
 impl DrainOptions {
@@ -186,6 +189,7 @@ impl DrainOptions {
             reason: reason.into(),
             metrics: None,
             shutdown: false,
+            progress: None,
         }
     }
 }
@@ -655,8 +659,10 @@ impl<'a> Drain<'a> {
             self.event(EventType::Normal, "DrainStarted", note).await;
         }
         // What the drain waits on goes on the Node (nodeward.io/Draining) and the blocked pods.
-        let mut narrator =
-            eventful.then(|| Narrator::new(self.client, self.node, self.recorder.clone()));
+        let mut narrator = eventful.then(|| {
+            let progress = self.opts.progress.clone();
+            Narrator::new(self.client, self.node, self.recorder.clone(), progress)
+        });
         let mut inflight: FuturesUnordered<Request> = FuturesUnordered::new();
         let mut surges = Surges::default();
         let outcome = loop {

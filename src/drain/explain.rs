@@ -84,6 +84,8 @@ pub struct Explanation {
     pub replacing: usize,
     /// The longest-blocked pod, when a budget blocks any.
     pub blocker: Option<Blocker>,
+    /// Every pod a budget blocks, longest first (the first is [`Self::blocker`]).
+    pub blocked_pods: Vec<Blocker>,
     /// Time to the deadline; `None` once it has passed.
     pub deadline_in: Option<Duration>,
 }
@@ -101,7 +103,7 @@ pub fn explain<'a>(
 ) -> Explanation {
     let (mut left, mut blocked, mut evicting, mut retrying, mut terminating) = (0, 0, 0, 0, 0);
     let mut replacing = 0;
-    let mut blocker: Option<(Instant, &Tracked, &[String])> = None;
+    let mut refused: Vec<(Instant, &Tracked, &[String])> = Vec::new();
     for t in pods {
         match &t.state {
             PodState::Gone | PodState::Refused(_) | PodState::GaveUp => continue,
@@ -111,9 +113,7 @@ pub fn explain<'a>(
             PodState::Surging { .. } => replacing += 1,
             PodState::Blocked { since, budgets } => {
                 blocked += 1;
-                if blocker.is_none_or(|(s, b, _)| (*since, &t.pod) < (s, &b.pod)) {
-                    blocker = Some((*since, t, budgets));
-                }
+                refused.push((*since, t, budgets));
             }
         }
         left += 1;
@@ -129,6 +129,7 @@ pub fn explain<'a>(
     } else {
         Reason::WaitingForTermination
     };
+    let blocked_pods = blockers(refused, now, selecting, allowed);
     Explanation {
         reason,
         left,
@@ -137,7 +138,24 @@ pub fn explain<'a>(
         retrying,
         terminating,
         replacing,
-        blocker: blocker.map(|(since, t, refused_by)| {
+        blocker: blocked_pods.first().cloned(),
+        blocked_pods,
+        deadline_in: (now < deadline).then(|| deadline - now),
+    }
+}
+
+/// The blocked pods, longest-blocked first, each with the budgets that select it in the drain's
+/// view of them now (the refusal's, while that view knows none).
+fn blockers(
+    mut refused: Vec<(Instant, &Tracked, &[String])>,
+    now: Instant,
+    selecting: &dyn Fn(&Tracked) -> Vec<String>,
+    allowed: &dyn Fn(&str) -> Option<i32>,
+) -> Vec<Blocker> {
+    refused.sort_by(|a, b| (a.0, &a.1.pod).cmp(&(b.0, &b.1.pod)));
+    refused
+        .into_iter()
+        .map(|(since, t, refused_by)| {
             let now_selecting = selecting(t);
             let budgets = if now_selecting.is_empty() {
                 refused_by.to_vec()
@@ -150,8 +168,100 @@ pub fn explain<'a>(
                 budgets,
                 waited: now.saturating_duration_since(since),
             }
-        }),
-        deadline_in: (now < deadline).then(|| deadline - now),
+        })
+        .collect()
+}
+
+/// A running drain as the agent's status file keeps it (`nodeward status`): what it waits on,
+/// every pod a budget blocks and since when, and the deadline — wall-clock times, so that a
+/// reader later can say how long.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Progress {
+    /// The condition's reason.
+    pub reason: String,
+    /// The condition's message.
+    pub message: String,
+    /// Every pod a budget blocks, longest first.
+    pub blocked: Vec<BlockedPod>,
+    /// When the deadline falls (RFC 3339); `None` once it has passed.
+    pub deadline_at: Option<String>,
+}
+
+/// One blocked pod in [`Progress`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BlockedPod {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The budgets (`namespace/name`) that select it.
+    pub budgets: Vec<String>,
+    /// Disruptions the first of them allows, when known.
+    pub allowed: Option<i32>,
+    /// Since when a budget has refused it (RFC 3339).
+    pub since: String,
+}
+
+impl Progress {
+    /// `e` at the wall-clock time `wall_now`.
+    pub fn of(e: &Explanation, wall_now: jiff::Timestamp) -> Self {
+        let at = |ago: Duration| {
+            let ago = jiff::SignedDuration::try_from(ago).unwrap_or(jiff::SignedDuration::ZERO);
+            wall_now
+                .checked_sub(ago)
+                .unwrap_or(wall_now)
+                .round(jiff::Unit::Second)
+                .unwrap_or(wall_now)
+                .to_string()
+        };
+        let ahead = |d: Duration| {
+            let d = jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::ZERO);
+            wall_now
+                .checked_add(d)
+                .unwrap_or(wall_now)
+                .round(jiff::Unit::Second)
+                .unwrap_or(wall_now)
+                .to_string()
+        };
+        Self {
+            reason: e.reason.as_str().to_string(),
+            message: e.to_string(),
+            blocked: e
+                .blocked_pods
+                .iter()
+                .map(|b| BlockedPod {
+                    pod: b.pod.to_string(),
+                    budgets: b.budgets.clone(),
+                    allowed: b.allowed,
+                    since: at(b.waited),
+                })
+                .collect(),
+            deadline_at: e.deadline_in.map(ahead),
+        }
+    }
+
+    /// The blocked pods in words at `now`, one line each: `ns/pod by PDB ns/b (0 disruptions
+    /// allowed) for 42 s`.
+    pub fn blocked_lines(&self, now: jiff::Timestamp) -> Vec<String> {
+        self.blocked
+            .iter()
+            .map(|b| {
+                let budgets = if b.budgets.is_empty() {
+                    "a PodDisruptionBudget".to_string()
+                } else {
+                    format!("PDB {}", b.budgets.join(", "))
+                };
+                let allows = b.allowed.map_or_else(String::new, |a| {
+                    format!(" ({a} disruption{} allowed)", if a == 1 { "" } else { "s" })
+                });
+                let waited = b
+                    .since
+                    .parse::<jiff::Timestamp>()
+                    .ok()
+                    .map_or_else(String::new, |t| {
+                        format!(" for {} s", (now.as_second() - t.as_second()).max(0))
+                    });
+                format!("{} by {budgets}{allows}{waited}", b.pod)
+            })
+            .collect()
     }
 }
 

@@ -13,7 +13,7 @@ pub mod cordon;
 pub mod exec;
 pub mod explain;
 pub mod metrics;
-mod narrate;
+pub mod narrate;
 pub mod plan;
 pub mod step;
 pub mod surge;

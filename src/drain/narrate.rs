@@ -35,10 +35,20 @@ pub(super) struct Narrator {
     warned: Arc<AtomicBool>,
     recorder: Recorder,
     blocked_told: HashSet<String>,
+    progress: Option<Progress>,
 }
 
+/// Where a drain's [`explain::Progress`] goes as the condition is written (the agent's status
+/// file), and `None` when the drain ends.
+pub type Progress = std::sync::Arc<tokio::sync::watch::Sender<Option<explain::Progress>>>;
+
 impl Narrator {
-    pub(super) fn new(client: &kube::Client, node: &str, recorder: Recorder) -> Self {
+    pub(super) fn new(
+        client: &kube::Client,
+        node: &str,
+        recorder: Recorder,
+        progress: Option<Progress>,
+    ) -> Self {
         Self {
             client: client.clone(),
             node: node.to_string(),
@@ -48,6 +58,7 @@ impl Narrator {
             warned: Arc::new(AtomicBool::new(false)),
             recorder,
             blocked_told: HashSet::new(),
+            progress,
         }
     }
 
@@ -72,6 +83,9 @@ impl Narrator {
         if changed {
             // One line per change (at most one a second): what `nodeward drain` shows.
             info!(node = self.node, reason, "{message}");
+        }
+        if let Some(p) = &self.progress {
+            p.send_replace(Some(explain::Progress::of(e, jiff::Timestamp::now())));
         }
         self.writing = Some(tokio::spawn(async move {
             write(&client, &node, true, reason, &message, &since, &warned).await;
@@ -112,6 +126,9 @@ impl Narrator {
 
     /// The drain is over: the condition turns `False` with its outcome.
     pub(super) async fn finish(mut self, outcome: DrainOutcome, summary: &str) {
+        if let Some(p) = &self.progress {
+            p.send_replace(None);
+        }
         if let Some(h) = self.writing.take() {
             h.abort();
         }
