@@ -4,10 +4,15 @@
 //! 2. a PodDisruptionBudget opens: how long until the blocked pod is evicted, both tools;
 //! 3. flannel file → node schedulable: the agent (node identity) reports, the readiness
 //!    controller (its ServiceAccount) untaints; median and p99 over 50 trials, beside the same
-//!    figure for the agent-untaints-itself path on kube-emulator.
+//!    figure for the agent-untaints-itself path on kube-emulator;
+//! 4. one drain's metrics over time, as the agent serves them: 30 pods under a budget of
+//!    maxUnavailable 3, the drain's metrics behind the agent's HTTP server scraped every 50 ms;
+//!    the scrape time (this is a release build), and a plot of pods left, evictions and time to
+//!    the deadline drawn into `NODEWARD_BENCH_PLOT` (default `target/drain-metrics.svg`).
 //!
 //! Run: `scripts/control-plane up DIR`, apply the shipped RBAC (scripts/test does both), then
-//! `NODEWARD_CONTROL_PLANE=DIR KUBECTL=… cargo bench --bench real`. Figures, not assertions.
+//! `NODEWARD_CONTROL_PLANE=DIR KUBECTL=… cargo bench --bench real` (`NODEWARD_BENCH_ONLY=drain`,
+//! `gates` or `metrics` for one part). Figures, not assertions.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,6 +31,11 @@ const RUNS: usize = 3;
 const TRIALS: usize = 50;
 const BUDGET_OPENS_AFTER: Duration = Duration::from_millis(1500);
 const STARTUP_TAINT: &str = "readiness.k8s.io/nodeward";
+const PLOT_PODS: i32 = 30;
+const SCRAPE_EVERY: Duration = Duration::from_millis(50);
+
+#[path = "real/plot.rs"]
+mod plot;
 
 struct Cp {
     dir: PathBuf,
@@ -476,6 +486,221 @@ async fn main() {
         scratch: tempfile::tempdir().expect("tempdir"),
     };
     let admin = client(&cp.dir.join("admin.kubeconfig")).await;
-    drain_figures(&cp, &admin).await;
-    gate_figures(&cp, &admin).await;
+    // NODEWARD_BENCH_ONLY=drain|gates|metrics runs one part.
+    let only = std::env::var("NODEWARD_BENCH_ONLY").ok();
+    let run = |part: &str| only.as_deref().is_none_or(|o| o == part);
+    if run("drain") {
+        drain_figures(&cp, &admin).await;
+    }
+    if run("gates") {
+        gate_figures(&cp, &admin).await;
+    }
+    if run("metrics") {
+        metrics_figures(&cp, &admin).await;
+    }
+}
+
+/// `GET /metrics` from `addr`, and how long it took (connect to last byte).
+async fn scrape(addr: std::net::SocketAddr) -> (String, Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let t = Instant::now();
+    let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("send");
+    let mut buf = Vec::new();
+    c.read_to_end(&mut buf).await.expect("read");
+    (String::from_utf8_lossy(&buf).into_owned(), t.elapsed())
+}
+
+/// The value of the sample `name` (with its labels, exactly as exposed) in a scrape, 0 if absent.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Two nodes in one pool, `PLOT_PODS` pods of a ReplicaSet on the first (the spare cordoned while
+/// they are placed), a budget of maxUnavailable 3; replacements go to the spare.
+async fn plot_workload(admin: &kube::Client, ns: &str, node: &str, spare: &str) {
+    for n in [node, spare] {
+        add_node(admin, n, json!([])).await;
+        Api::<Node>::all(admin.clone())
+            .patch(
+                n,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"bench/pool": ns}},
+                    "spec": {"unschedulable": n == spare}})),
+            )
+            .await
+            .expect("label node");
+    }
+    namespace(admin, ns).await;
+    let rs: ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": "w", "namespace": ns},
+        "spec": {"replicas": PLOT_PODS, "selector": {"matchLabels": {"app": "w"}},
+            "template": {"metadata": {"labels": {"app": "w"}}, "spec": {
+                "nodeSelector": {"bench/pool": ns},
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
+    }))
+    .expect("rs");
+    Api::<ReplicaSet>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &rs)
+        .await
+        .expect("rs");
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "w", "namespace": ns},
+        "spec": {"maxUnavailable": 3, "selector": {"matchLabels": {"app": "w"}}}
+    }))
+    .expect("pdb");
+    Api::<PodDisruptionBudget>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .expect("pdb");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let t0 = Instant::now();
+    while pods
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .items
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .count()
+        < usize::try_from(PLOT_PODS).expect("pods")
+    {
+        assert!(t0.elapsed() < Duration::from_secs(120), "pods not running");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Api::<Node>::all(admin.clone())
+        .patch(
+            spare,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .expect("uncordon spare");
+}
+
+/// 4: one drain's metrics over time; see the module's documentation.
+async fn metrics_figures(cp: &Cp, admin: &kube::Client) {
+    let node = format!("plot-{}", std::process::id());
+    let spare = format!("plot-spare-{}", std::process::id());
+    plot_workload(admin, &node, &node, &spare).await;
+    let agent = std::sync::Arc::new(nodeward::agent::metrics::AgentMetrics::default());
+    let (addr, server) =
+        nodeward::metrics_http::serve("127.0.0.1:0".parse().expect("addr"), agent.clone())
+            .await
+            .expect("serve metrics");
+    let kcfg = cp.kubeconfig(&["--node", &node], &node);
+    let client = nodeward::kube_client::client_with_deadline(
+        Some(&kcfg),
+        nodeward::kube_client::REQUEST_DEADLINE,
+        Some(&agent.api_errors),
+    )
+    .await
+    .expect("client");
+    let mut opts = nodeward::drain::DrainOptions::from_settings(
+        &nodeward::config::Settings::default().drain,
+        "bench",
+    );
+    opts.timeout = Duration::from_secs(60);
+    opts.metrics = Some(agent.drain.clone());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let t0 = Instant::now();
+    let sampler = tokio::spawn(async move {
+        let mut samples = Vec::new();
+        while !stop2.load(std::sync::atomic::Ordering::SeqCst) {
+            let (text, took) = scrape(addr).await;
+            samples.push((t0.elapsed().as_secs_f64(), text, took));
+            tokio::time::sleep(SCRAPE_EVERY).await;
+        }
+        samples
+    });
+    let report = nodeward::drain::drain(&client, &node, &opts)
+        .await
+        .expect("drain");
+    tokio::time::sleep(2 * SCRAPE_EVERY).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let samples = sampler.await.expect("sampler");
+    server.abort();
+    let mut took: Vec<Duration> = samples.iter().map(|s| s.2).collect();
+    println!(
+        "real: agent /metrics scrape during a drain (release build, loopback, {} scrapes): median {:.3} ms   p99 {:.3} ms   (target 1 ms)",
+        took.len(),
+        ms(median(&mut took)),
+        ms(p99(&mut took))
+    );
+    let series = |name: &str, colour: &'static str, metric: &str| plot::Series {
+        name: name.to_string(),
+        colour,
+        points: samples
+            .iter()
+            .map(|(t, text, _)| (*t, sample(text, metric)))
+            .collect(),
+    };
+    let waiting = |on: &str| format!("nodeward_drain_pods_left{{waiting_on=\"{on}\"}}");
+    let panels = [
+        plot::Panel {
+            title: "pods left, by what they wait on (nodeward_drain_pods_left)",
+            series: vec![
+                series("eviction", "#1f77b4", &waiting("eviction")),
+                series("budget", "#d62728", &waiting("budget")),
+                series("termination", "#7f7f7f", &waiting("termination")),
+            ],
+        },
+        plot::Panel {
+            title: "evictions answered, by code (nodeward_drain_evictions_total)",
+            series: vec![
+                series(
+                    "201 evicted",
+                    "#2ca02c",
+                    "nodeward_drain_evictions_total{code=\"201\"}",
+                ),
+                series(
+                    "429 budget",
+                    "#d62728",
+                    "nodeward_drain_evictions_total{code=\"429\"}",
+                ),
+            ],
+        },
+        plot::Panel {
+            title: "seconds to the deadline (nodeward_drain_deadline_seconds)",
+            series: vec![series(
+                "deadline",
+                "#9467bd",
+                "nodeward_drain_deadline_seconds",
+            )],
+        },
+    ];
+    let title = format!(
+        "One drain on the real control plane: {PLOT_PODS} pods, budget maxUnavailable 3, {:.1} s, scraped every {} ms",
+        report.elapsed.as_secs_f64(),
+        SCRAPE_EVERY.as_millis()
+    );
+    let out = std::env::var_os("NODEWARD_BENCH_PLOT").map_or_else(
+        || {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/target/drain-metrics.svg"
+            ))
+        },
+        PathBuf::from,
+    );
+    std::fs::write(&out, plot::svg(&title, &panels)).expect("write the plot");
+    let last = &samples.last().expect("a scrape").1;
+    println!(
+        "real: plotted one drain of {PLOT_PODS} pods ({} evicted in {:.1} s; evictions answered 201: {}, 429: {}) into {}",
+        report.evicted.len(),
+        report.elapsed.as_secs_f64(),
+        sample(last, "nodeward_drain_evictions_total{code=\"201\"}"),
+        sample(last, "nodeward_drain_evictions_total{code=\"429\"}"),
+        out.display()
+    );
+    cleanup(admin, &node, &node).await;
+    let _ = Api::<Node>::all(admin.clone())
+        .delete(&spare, &DeleteParams::default())
+        .await;
 }
