@@ -72,7 +72,7 @@ pub fn config(data: &[u8]) {
 /// deadline; the logind cap the agent asks for. A configuration that passes `config check`
 /// (parses) must not panic any of it.
 pub fn exercise(settings: &crate::config::Settings) {
-    use crate::drain::step::{Limits, Schedule};
+    use crate::drain::step::{Limits, Schedule, Tracked};
     use crate::scaler::decide;
     let now = jiff::Timestamp::now();
     let s = &settings.scaler;
@@ -108,7 +108,7 @@ pub fn exercise(settings: &crate::config::Settings) {
             opts.timeout,
             opts.timeout * 2,
         ] {
-            let _ = schedule.step(started + at, &|_| false);
+            let _ = schedule.step(started + at, &|_: &Tracked| false);
         }
     }
 }

@@ -441,12 +441,34 @@ fn budget_open(budgets: &[std::sync::Arc<PodDisruptionBudget>], pod: &Tracked) -
 }
 
 /// The UIDs of the pods on the node.
+/// The schedule's questions about budgets, answered from one snapshot of the budget watch.
+struct BudgetView<'a>(&'a [std::sync::Arc<PodDisruptionBudget>]);
+
+impl super::step::Budgets for BudgetView<'_> {
+    fn open(&self, t: &Tracked) -> bool {
+        budget_open(self.0, t)
+    }
+    fn of(&self, t: &Tracked) -> Vec<String> {
+        plan::budgets_for(
+            &t.pod.namespace,
+            &t.labels,
+            self.0.iter().map(AsRef::as_ref),
+        )
+        .into_iter()
+        .map(pdb_key)
+        .collect()
+    }
+}
+
 fn uids(pods: &Mirror<Pod>) -> BTreeSet<String> {
     pods.state()
         .iter()
         .filter_map(|p| p.metadata.uid.clone())
         .collect()
 }
+
+/// How long the drain's start waits for the budgets' list once the pods are listed.
+const BUDGET_LIST_GRACE: Duration = Duration::from_millis(250);
 
 /// How long a drain that ended waits for its surges' replicas to be given back.
 const GIVE_BACK_LIMIT: Duration = Duration::from_secs(10);
@@ -588,6 +610,23 @@ impl Watches<'_> {
                 }
             }
         }
+        self.budgets_listed(node, deadline).await
+    }
+
+    /// Waits a moment for the budgets' list, if it is not in yet: with it, the first evictions
+    /// already go one per budget (see `step::Budgets::of`). Never needed for safety (the API
+    /// server enforces every budget), so never longer than [`BUDGET_LIST_GRACE`].
+    async fn budgets_listed(&mut self, node: &str, deadline: Instant) -> Result<()> {
+        let until = deadline.min(Instant::now() + BUDGET_LIST_GRACE);
+        while !self.budgets.synced() {
+            tokio::select! {
+                Some(ev) = self.pdb_events.next() => match ev {
+                    Ok(ev) => self.budgets.apply(&ev),
+                    Err(e) => check_watch_error(node, &e, "list and watch poddisruptionbudgets")?,
+                },
+                _ = tokio::time::sleep_until(until) => break,
+            }
+        }
         Ok(())
     }
 }
@@ -669,8 +708,7 @@ impl<'a> Drain<'a> {
             let now = Instant::now();
             // One snapshot of the budgets per step, not one per blocked pod.
             let snapshot = w.budgets.state();
-            let (commands, mut wake) = match schedule.step(now, &|pod| budget_open(&snapshot, pod))
-            {
+            let (commands, mut wake) = match schedule.step(now, &BudgetView(&snapshot)) {
                 Step::Done(outcome) => break outcome,
                 Step::Run { commands, wake } => (commands, wake),
             };

@@ -143,6 +143,29 @@ pub struct Tracked {
     /// The ReplicaSet to surge through before its eviction ([`super::surge::wish`]), until the
     /// surge was tried (once).
     pub surge: Option<String>,
+    /// The budgets its eviction in flight goes through (see [`Budgets::of`]).
+    pub evicting_under: Vec<String>,
+}
+
+/// What the schedule asks of the drain's view of the budgets.
+pub trait Budgets {
+    /// Whether a budget selecting the pod allows a disruption now.
+    fn open(&self, t: &Tracked) -> bool;
+    /// The budgets (`namespace/name`) that select the pod. The API server takes evictions under
+    /// one budget one at a time (each updates the budget's status; a concurrent one that loses
+    /// that race is retried inside the API server about 500 ms later), so the schedule keeps one
+    /// eviction in flight per budget.
+    fn of(&self, t: &Tracked) -> Vec<String>;
+}
+
+/// A bare "is its budget open" answer: no budget is known to select any pod.
+impl<F: Fn(&Tracked) -> bool> Budgets for F {
+    fn open(&self, t: &Tracked) -> bool {
+        self(t)
+    }
+    fn of(&self, _: &Tracked) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 impl Tracked {
@@ -156,6 +179,7 @@ impl Tracked {
     /// The `delete` fallback's deletion of the pod, now in flight (sent once per pod).
     fn fallback_delete(&mut self, grace: Duration) -> Command {
         self.state = PodState::InFlight;
+        self.evicting_under.clear();
         self.fallback_sent = true;
         self.outstanding += 1;
         Command::Delete {
@@ -343,6 +367,7 @@ impl Schedule {
                 budget_wait,
                 first_blocked: None,
                 surge,
+                evicting_under: Vec::new(),
             },
         );
     }
@@ -404,7 +429,7 @@ impl Schedule {
     /// What to do at `now`. `budget_open(pod)` tells whether a budget selecting the pod allows a
     /// disruption now (from the budget watch; asked by labels at each step, so a pod refused
     /// before the budgets were listed is still retried the moment its budget opens).
-    pub fn step(&mut self, now: Instant, budget_open: &dyn Fn(&Tracked) -> bool) -> Step {
+    pub fn step(&mut self, now: Instant, budgets: &dyn Budgets) -> Step {
         let mut commands = Vec::new();
         self.advance_waves(now, &mut commands);
         if self.pods.values().all(Tracked::settled) {
@@ -431,9 +456,9 @@ impl Schedule {
         self.own_deadlines(now, &mut commands);
         self.surges_due(now, &mut commands);
         self.fallback(now, &mut commands);
-        self.evict(now, budget_open, &mut commands);
+        self.evict(now, budgets, &mut commands);
         Step::Run {
-            wake: self.wake(now, budget_open),
+            wake: self.wake(now, budgets),
             commands,
         }
     }
@@ -476,17 +501,14 @@ impl Schedule {
     }
 
     /// Evictions for the pods of the waves begun whose time has come, up to the concurrency.
-    fn evict(
-        &mut self,
-        now: Instant,
-        budget_open: &dyn Fn(&Tracked) -> bool,
-        commands: &mut Vec<Command>,
-    ) {
+    fn evict(&mut self, now: Instant, budgets: &dyn Budgets, commands: &mut Vec<Command>) {
+        // One eviction in flight per budget (see Budgets::of).
+        let mut busy = self.busy_budgets();
         for t in self.pods.values_mut() {
             if self.in_flight >= self.limits.concurrency {
                 break;
             }
-            if t.wave <= self.wave && retry_at(t, now, budget_open).is_some_and(|at| now >= at) {
+            if t.wave <= self.wave && retry_at(t, now, budgets).is_some_and(|at| now >= at) {
                 if let Some(replica_set) = t.surge.take() {
                     // Half the time left: the eviction keeps the other half if no replacement
                     // comes.
@@ -495,10 +517,17 @@ impl Schedule {
                     commands.push(Command::Surge {
                         pod: t.pod.clone(),
                         replica_set,
-                        budget_open: budget_open(t),
+                        budget_open: budgets.open(t),
                     });
                     continue;
                 }
+                let under = budgets.of(t);
+                if under.iter().any(|b| busy.contains(b)) {
+                    // Its budget's eviction in flight answers first; the answer wakes the drain.
+                    continue;
+                }
+                busy.extend(under.iter().cloned());
+                t.evicting_under = under;
                 t.state = PodState::InFlight;
                 t.attempts += 1;
                 t.outstanding += 1;
@@ -509,9 +538,18 @@ impl Schedule {
         }
     }
 
+    /// The budgets with an eviction in flight.
+    fn busy_budgets(&self) -> BTreeSet<String> {
+        self.pods
+            .values()
+            .filter(|t| t.state == PodState::InFlight)
+            .flat_map(|t| t.evicting_under.iter().cloned())
+            .collect()
+    }
+
     /// When to step again if nothing happens: the deadline (or the next look past it), the
     /// fallback, the wave's end, a pod's own deadline or its next retry, whichever comes first.
-    fn wake(&self, now: Instant, budget_open: &dyn Fn(&Tracked) -> bool) -> Instant {
+    fn wake(&self, now: Instant, budgets: &dyn Budgets) -> Instant {
         let wait = self.limits.on_deadline == OnDeadline::Wait;
         let mut wake = if wait { now + RETRY_CAP } else { self.deadline };
         if self.limits.on_deadline == OnDeadline::Delete && !self.fallback_started {
@@ -535,15 +573,24 @@ impl Schedule {
         {
             wake = wake.min(own);
         }
-        if self.in_flight < self.limits.concurrency
-            && let Some(t) = self
+        if self.in_flight < self.limits.concurrency {
+            let busy = self.busy_budgets();
+            let due = |t: &Tracked| {
+                let at = retry_at(t, now, budgets)?;
+                // Due, but behind its budget's eviction in flight: that answer wakes the drain.
+                let queued =
+                    at <= now && !busy.is_empty() && budgets.of(t).iter().any(|b| busy.contains(b));
+                (!queued).then_some(at)
+            };
+            if let Some(t) = self
                 .pods
                 .values()
                 .filter(|t| t.wave <= self.wave)
-                .filter_map(|t| retry_at(t, now, budget_open))
+                .filter_map(due)
                 .min()
-        {
-            wake = wake.min(t);
+            {
+                wake = wake.min(t);
+            }
         }
         wake
     }
@@ -725,11 +772,11 @@ pub struct Tally {
 /// When a pod may be tried (again): at once when pending; after its backoff; for a pod a
 /// budget blocked, [`BUDGET_RETRY_FLOOR`] after the refusal once a budget selecting it opens,
 /// and [`BUDGET_RETRY_CEILING`] after it in any case. `None`: not to be tried.
-fn retry_at(t: &Tracked, now: Instant, budget_open: &dyn Fn(&Tracked) -> bool) -> Option<Instant> {
+fn retry_at(t: &Tracked, now: Instant, budgets: &dyn Budgets) -> Option<Instant> {
     match &t.state {
         PodState::Pending => Some(now),
         PodState::Backoff { until } => Some(*until),
-        PodState::Blocked { since, .. } => Some(if budget_open(t) {
+        PodState::Blocked { since, .. } => Some(if budgets.open(t) {
             *since + BUDGET_RETRY_FLOOR
         } else {
             *since + BUDGET_RETRY_CEILING

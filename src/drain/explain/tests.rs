@@ -20,6 +20,7 @@ fn tracked(name: &str, state: PodState) -> Tracked {
         budget_wait: None,
         first_blocked: None,
         surge: None,
+        evicting_under: Vec::new(),
     }
 }
 

@@ -388,7 +388,7 @@ fn drive(case: &Case) -> Result<(), TestCaseError> {
     let mut now = t0;
     for _ in 0..100_000 {
         m.deliver(&mut s, now);
-        let (commands, wake) = match s.step(now, &|t| m.budget_open(t)) {
+        let (commands, wake) = match s.step(now, &|t: &Tracked| m.budget_open(t)) {
             Step::Done(_) => return check_report(s, &m, case, now, deadline),
             Step::Run { commands, wake } => (commands, wake),
         };

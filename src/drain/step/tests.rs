@@ -70,7 +70,7 @@ fn answer(code: u16, cause: Cause) -> Answer {
 
 /// The names evicted by a step, and its wake-up offset from `t0`.
 fn run(s: &mut Schedule, t0: Instant, at: Duration, budgets: &dyn Fn(&Tracked) -> bool) -> Step {
-    s.step(t0 + at, budgets)
+    s.step(t0 + at, &budgets)
 }
 
 fn evicted(step: &Step) -> Vec<String> {
@@ -692,4 +692,50 @@ fn surge_for_the_node_and_never_for_a_statefulset() {
             .iter()
             .any(|c| matches!(c, Command::Surge { pod, .. } if pod.name == "web"))
     );
+}
+
+/// Pods `a*` under budget ns/a, `b*` under ns/b, `x` under none.
+struct TwoBudgets;
+
+impl Budgets for TwoBudgets {
+    fn open(&self, _: &Tracked) -> bool {
+        true
+    }
+    fn of(&self, t: &Tracked) -> Vec<String> {
+        match t.pod.name.chars().next() {
+            Some('a') => vec!["ns/a".into()],
+            Some('b') => vec!["ns/b".into()],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// One eviction in flight per budget (the API server takes them one at a time, and a concurrent
+/// one waits ~500 ms inside it): the next under the same budget goes when the answer comes;
+/// pods under no budget, or another, go at once. The drain does not spin while it waits.
+#[test]
+fn one_eviction_in_flight_per_budget() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    for name in ["a1", "a2", "a3", "b1", "b2", "x1", "x2"] {
+        s.track(&pod(name, 0), &no_daemonsets);
+    }
+    let first = s.step(t0, &TwoBudgets);
+    assert_eq!(evicted(&first), ["a1", "b1", "x1", "x2"]);
+    assert_eq!(
+        wake(&first, t0),
+        Duration::from_secs(7),
+        "the queued pods wait for an answer, not a timer"
+    );
+    s.evict_answered("a1", &answer(201, Cause::None), vec![], t0 + 5 * MS);
+    let next = s.step(t0 + 5 * MS, &TwoBudgets);
+    assert_eq!(evicted(&next), ["a2"], "b's eviction is still in flight");
+    s.evict_answered(
+        "b1",
+        &answer(429, Cause::DisruptionBudget),
+        vec![],
+        t0 + 6 * MS,
+    );
+    let after = s.step(t0 + 6 * MS, &TwoBudgets);
+    assert_eq!(evicted(&after), ["b2"], "a refusal frees the budget too");
 }
