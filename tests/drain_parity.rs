@@ -466,5 +466,5 @@ async fn verdicts_match_kubectls(cluster: Cluster) {
 }
 
 real_only! {
-    drain_verdicts_match_kubectl_drain_or_the_readme_says_why => super::verdicts_match_kubectls;
+    drain_verdicts_match_kubectl_drain_or_the_drain_chapter_says_why => super::verdicts_match_kubectls;
 }

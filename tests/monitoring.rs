@@ -98,7 +98,7 @@ fn alerts_and_dashboard_name_only_exported_metrics() {
 }
 
 #[test]
-fn the_readme_documents_every_metric_the_agent_exports() {
+fn the_monitoring_chapter_documents_every_metric_the_agent_exports() {
     let readme = repo_file("docs/src/monitoring.md");
     let agent = agent();
     for family in families(&agent.metrics()) {
