@@ -27,11 +27,11 @@ use cherry_emulator::{CherryEmulator, Options, PlanSpec};
 use kube_emulator::{Emulator, EmulatorOptions};
 use nodeward::config::{Capacity, GroupSettings, Settings};
 use nodeward::drain::plan::{EvictRule, Fate};
+use nodeward::resources::Resources;
 use nodeward::scaler::model::{
     MachineView, Namespaces, NodeView, PodConstraints, PodTermView, PodView, SelectorView,
     Snapshot, SpreadView,
 };
-use nodeward::scaler::resources::Resources;
 use nodeward::scaler::run::{RunOptions, Scaler};
 use serde_json::json;
 

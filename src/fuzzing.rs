@@ -163,8 +163,8 @@ pub fn template(data: &[u8]) {
 /// over a thousand.
 pub fn quantity(data: &[u8]) {
     let q = text(data);
-    let milli = crate::scaler::resources::parse_milli(&q);
-    let units = crate::scaler::resources::parse_units(&q);
+    let milli = crate::resources::parse_milli(&q);
+    let units = crate::resources::parse_units(&q);
     assert_eq!(milli.is_some(), units.is_some(), "{q:?}");
     if let (Some(m), Some(u)) = (milli, units) {
         assert!(m >= 0 && u >= 0, "{q:?}");

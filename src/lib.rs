@@ -22,6 +22,7 @@ pub mod names;
 pub mod node_write;
 pub mod readiness;
 pub mod render;
+pub mod resources;
 pub mod scaler;
 pub mod secret;
 pub mod shutdown;

@@ -48,3 +48,11 @@ pub const SCALE_DOWN_FAILED: &str = "nodeward.io/scale-down-failed";
 
 /// Field manager recorded in managedFields for every write nodeward makes.
 pub const FIELD_MANAGER: &str = "nodeward";
+
+/// Labels of hosts the scaler must never remove, whatever group label they carry: the default
+/// of `scaler.controller_node_labels`.
+pub const PROTECTED_ROLE_LABELS: &[&str] = &[
+    "node-role.kubernetes.io/control-plane",
+    "node-role.kubernetes.io/master",
+    "node-role.kubernetes.io/etcd",
+];

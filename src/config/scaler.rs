@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
 use super::types::{ConfigDuration, Positive};
-use crate::scaler::resources::{self, Resources};
+use crate::resources::{self, Resources};
 use crate::validate::{self, Taint};
 
 /// Which cloud the scaler creates machines in.
@@ -538,7 +538,7 @@ impl Default for ScalerSettings {
             // No cap: a burst of pending pods gets all its machines in one pass, as before the
             // setting existed; the nodemanager's figure is 10.
             max_boots_per_pass: None,
-            controller_node_labels: crate::scaler::model::PROTECTED_ROLE_LABELS
+            controller_node_labels: crate::names::PROTECTED_ROLE_LABELS
                 .iter()
                 .map(|l| (*l).to_string())
                 .collect(),

@@ -75,17 +75,7 @@ pub const DRAIN_NEEDS: &[Need] = &[
     need("watch", "apps", "daemonsets"),
 ];
 
-/// The answers of the API server, as the readiness gate sees them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Access {
-    /// Every need is allowed.
-    Granted,
-    /// These needs (described) are denied.
-    Denied(Vec<String>),
-    /// The API server does not serve SelfSubjectAccessReview (404): cannot be checked, so not
-    /// held against the node.
-    Unverifiable,
-}
+pub use crate::gate::Access;
 
 /// Asks the API server about every need, as the client's identity. An error other than 404 is
 /// returned for the caller to retry; a 404 means the API is not served ([`Access::Unverifiable`]).

@@ -29,6 +29,20 @@ impl PartialEq for Pattern {
     }
 }
 
+/// The API server's answers about what the drain needs ([`crate::drain::access::check`]), as the
+/// readiness gate sees them. Defined here, not with the check, so that the gate (which the
+/// configuration names) does not depend on the drain (which reads the configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    /// Every need is allowed.
+    Granted,
+    /// These needs (described) are denied.
+    Denied(Vec<String>),
+    /// The API server does not serve SelfSubjectAccessReview (404): cannot be checked, so not
+    /// held against the node.
+    Unverifiable,
+}
+
 /// `file`: the path exists (and its content matches `contains`, if given).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(try_from = "RawFileGate")]
@@ -279,7 +293,7 @@ pub struct Facts {
     /// Probe results by URL; absent until first probed.
     pub http: BTreeMap<String, HttpFact>,
     /// What the API server said of the drain's needs; `None` until it answered.
-    pub drain_access: Option<crate::drain::access::Access>,
+    pub drain_access: Option<Access>,
     /// The pids of kubelet's shutdown delay locks in logind; `None` until listed (empty without
     /// logind: the agent's own lock is then missing too, which it reports on its own).
     pub kubelet_shutdown_locks: Option<Vec<u32>>,
@@ -424,8 +438,7 @@ fn decide(facts: &Facts, gate: &Gate) -> (GateState, String) {
     }
 }
 
-fn decide_drain_access(access: Option<&crate::drain::access::Access>) -> (GateState, String) {
-    use crate::drain::access::Access;
+fn decide_drain_access(access: Option<&Access>) -> (GateState, String) {
     use GateState::{Fail, Pass, Unknown};
     match access {
         None => (Unknown, "not checked yet".into()),

@@ -33,9 +33,9 @@ use super::model::{
     Backoff, BudgetView, FNV_OFFSET, MachineView, NodeView, PodView, Requirement, SelectorView,
     Snapshot, TaintView, TolerationView, fnv,
 };
-use super::resources::Resources;
 use crate::config::{Expander, GroupSettings, ScalerSettings};
 use crate::names::NODE_GROUP_LABEL;
+use crate::resources::Resources;
 use first_fit::{FirstFit, Probe};
 use label_sets::LabelSets;
 use node_index::NodeIndex;

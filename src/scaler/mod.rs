@@ -11,7 +11,6 @@ pub mod decide;
 pub mod metrics;
 pub mod model;
 pub mod provider;
-pub mod resources;
 pub mod run;
 pub mod token;
 

@@ -11,23 +11,15 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::resources::Resources;
 pub use crate::drain::plan::{Fate, LeaveRules, PodFacts, SkipReason};
 use crate::names::{NODE_GROUP_LABEL, is_startup_taint_key};
 pub use crate::names::{SCALE_DOWN_DISABLED, SCALE_DOWN_FAILED, UNNEEDED_SINCE};
+use crate::resources::Resources;
 /// A pod annotation that blocks (`"false"`) or allows (`"true"`) removing its node.
 pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
 /// The node lifecycle controller's taint on a node whose Ready condition is not True (also put
 /// on every new Node by the TaintNodesByCondition admission plugin).
 pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
-/// Labels of hosts the scaler must never remove, whatever group label they carry: the default
-/// of `scaler.controller_node_labels`.
-pub const PROTECTED_ROLE_LABELS: &[&str] = &[
-    "node-role.kubernetes.io/control-plane",
-    "node-role.kubernetes.io/master",
-    "node-role.kubernetes.io/etcd",
-];
-
 /// A taint as decide uses it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TaintView {

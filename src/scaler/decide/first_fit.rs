@@ -4,7 +4,7 @@
 //! pending pods the linear scan was most of scale-up's time. The tree only prunes on those three
 //! dimensions; the caller still tests the exact fit (extended resources) and the rest.
 
-use crate::scaler::resources::Resources;
+use crate::resources::Resources;
 
 /// What [`FirstFit::first_where`] does with a place the tree offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -952,8 +952,8 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::resources::Resources;
     use crate::scaler::model::{PodConstraints, SpreadView};
-    use crate::scaler::resources::Resources;
 
     const ZONE: &str = "topology.kubernetes.io/zone";
 

@@ -16,8 +16,8 @@ use tracing::{debug, instrument};
 
 use super::{CLUSTER_TAG, CreateSpec, Error, POOL_TAG, Provider, Result, truncate};
 use crate::config::CherrySettings;
+use crate::resources::Resources;
 use crate::scaler::model::MachineView;
-use crate::scaler::resources::Resources;
 use crate::secret::Secret;
 
 /// Environment variable the token is read from without `token_file`; the name the Cherry

@@ -23,8 +23,8 @@ use tracing::{debug, instrument};
 
 use super::{CLUSTER_TAG, CreateSpec, Error, Provider, Result, truncate};
 use crate::config::ExecSettings;
+use crate::resources::Resources;
 use crate::scaler::model::MachineView;
-use crate::scaler::resources::Resources;
 
 /// One machine as a command reports it.
 #[derive(Debug, Deserialize)]

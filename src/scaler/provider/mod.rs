@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::future::Future;
 
 use crate::config::CherryGroupSettings;
+use crate::resources::Resources;
 use crate::scaler::model::MachineView;
-use crate::scaler::resources::Resources;
 use crate::secret::Secret;
 
 /// Tag naming the cluster a machine belongs to.
