@@ -122,11 +122,16 @@ async fn namespace(admin: &kube::Client, ns: &str) {
 
 /// A ReplicaSet of `n` grace-0 pods pinned to `node`, and waits until all run there.
 async fn workload(admin: &kube::Client, ns: &str, node: &str, n: i32) {
+    workload_on(admin, ns, json!({"kubernetes.io/hostname": node}), n).await;
+}
+
+/// A ReplicaSet of `n` grace-0 pods with `node_selector`, and waits until all run.
+async fn workload_on(admin: &kube::Client, ns: &str, node_selector: Value, n: i32) {
     let rs: ReplicaSet = serde_json::from_value(json!({
         "metadata": {"name": "w", "namespace": ns},
         "spec": {"replicas": n, "selector": {"matchLabels": {"app": "w"}},
             "template": {"metadata": {"labels": {"app": "w"}}, "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
+                "nodeSelector": node_selector,
                 "terminationGracePeriodSeconds": 0,
                 "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
     }))
@@ -536,19 +541,6 @@ async fn plot_workload(admin: &kube::Client, ns: &str, node: &str, spare: &str) 
             .expect("label node");
     }
     namespace(admin, ns).await;
-    let rs: ReplicaSet = serde_json::from_value(json!({
-        "metadata": {"name": "w", "namespace": ns},
-        "spec": {"replicas": PLOT_PODS, "selector": {"matchLabels": {"app": "w"}},
-            "template": {"metadata": {"labels": {"app": "w"}}, "spec": {
-                "nodeSelector": {"bench/pool": ns},
-                "terminationGracePeriodSeconds": 0,
-                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
-    }))
-    .expect("rs");
-    Api::<ReplicaSet>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &rs)
-        .await
-        .expect("rs");
     let pdb: PodDisruptionBudget = serde_json::from_value(json!({
         "metadata": {"name": "w", "namespace": ns},
         "spec": {"maxUnavailable": 3, "selector": {"matchLabels": {"app": "w"}}}
@@ -558,21 +550,7 @@ async fn plot_workload(admin: &kube::Client, ns: &str, node: &str, spare: &str) 
         .create(&PostParams::default(), &pdb)
         .await
         .expect("pdb");
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
-    let t0 = Instant::now();
-    while pods
-        .list(&ListParams::default())
-        .await
-        .expect("pods")
-        .items
-        .iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .count()
-        < usize::try_from(PLOT_PODS).expect("pods")
-    {
-        assert!(t0.elapsed() < Duration::from_secs(120), "pods not running");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    workload_on(admin, ns, json!({"bench/pool": ns}), PLOT_PODS).await;
     Api::<Node>::all(admin.clone())
         .patch(
             spare,

@@ -603,21 +603,22 @@ async fn boot_deadline_reports_node_not_ready_in_time() {
 // Shutdown, with the real logind
 // ---------------------------------------------------------------------------------------------
 
-/// The whole shutdown path: lock listed with who "nodeward"; PowerOff → drain (PDB respected) →
-/// lock released → logind starts poweroff.target; shutdown cancelled → lock taken again and our
-/// cordon lifted.
-#[tokio::test]
-async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
+/// The real logind, the emulator with the startup-tainted node, flannel and `pods` web pods
+/// under a budget (`spec`, its selector added), and the agent on the bus holding its lock, the
+/// node schedulable.
+async fn web_under_budget(
+    pods: usize,
+    mut spec: serde_json::Value,
+) -> (LogindHarness, Arc<EmulatorHandle>, AgentProc) {
     let h = harness(CAP).await;
     let emu = emulator().await;
     seed_tainted_node(&emu);
     seed_flannel(&emu, true);
-    seed_workload(&emu, 6);
-    emu.seed_node("worker-2").expect("node 2");
+    seed_workload(&emu, pods);
+    spec["selector"] = json!({"matchLabels": {"app": "web"}});
     emu.create(json!({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": "web", "namespace": "default"},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}
+        "metadata": {"name": "web", "namespace": "default"}, "spec": spec
     }))
     .expect("pdb");
     let agent = spawn_agent(Setup {
@@ -626,6 +627,21 @@ async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
         dropin_dir: Some(h.dropin_dir()),
         extra: "",
     });
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 1)
+        .await
+        .expect("lock taken");
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    (h, emu, agent)
+}
+
+/// The whole shutdown path: lock listed with who "nodeward"; PowerOff → drain (PDB respected) →
+/// lock released → logind starts poweroff.target; shutdown cancelled → lock taken again and our
+/// cordon lifted.
+#[tokio::test]
+async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
+    let (h, emu, agent) = web_under_budget(6, json!({"maxUnavailable": 1})).await;
+    emu.seed_node("worker-2").expect("node 2");
     let list = h
         .wait_for_inhibitors(SOON, |l| ours(l) == 1)
         .await
@@ -633,8 +649,6 @@ async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
     let lock = list.iter().find(|i| i.who == "nodeward").expect("ours");
     assert_eq!(lock.why, "draining Kubernetes node before shutdown");
     assert_eq!(lock.mode, "delay");
-    agent.write_flannel();
-    wait_node(&emu, "schedulable", schedulable).await;
 
     // A stand-in ReplicaSet controller: replacements on worker-2 so the budget reopens.
     let controller = kube_emulator::standin::replace_terminating(&emu, "default", NODE, "worker-2");
@@ -704,28 +718,7 @@ async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
 /// budget and how long it has waited, and `nodeward status` prints them; gone once it ends.
 #[tokio::test]
 async fn logind_a_blocked_drain_lists_every_blocked_pod_in_the_status() {
-    let h = harness(CAP).await;
-    let emu = emulator().await;
-    seed_tainted_node(&emu);
-    seed_flannel(&emu, true);
-    seed_workload(&emu, 3);
-    emu.create(json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": "web", "namespace": "default"},
-        "spec": {"minAvailable": 3, "selector": {"matchLabels": {"app": "web"}}}
-    }))
-    .expect("pdb");
-    let agent = spawn_agent(Setup {
-        emu: &emu,
-        bus: Some(h.bus_address()),
-        dropin_dir: Some(h.dropin_dir()),
-        extra: "",
-    });
-    h.wait_for_inhibitors(SOON, |l| ours(l) == 1)
-        .await
-        .expect("lock taken");
-    agent.write_flannel();
-    wait_node(&emu, "schedulable", schedulable).await;
+    let (h, _emu, agent) = web_under_budget(3, json!({"minAvailable": 3})).await;
     h.power_off().await.expect("PowerOff");
     let st = agent
         .wait_status("the drain lists its 3 blocked pods", |s| {

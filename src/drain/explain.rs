@@ -203,23 +203,16 @@ pub struct BlockedPod {
 impl Progress {
     /// `e` at the wall-clock time `wall_now`.
     pub fn of(e: &Explanation, wall_now: jiff::Timestamp) -> Self {
-        let at = |ago: Duration| {
-            let ago = jiff::SignedDuration::try_from(ago).unwrap_or(jiff::SignedDuration::ZERO);
-            wall_now
-                .checked_sub(ago)
-                .unwrap_or(wall_now)
-                .round(jiff::Unit::Second)
-                .unwrap_or(wall_now)
-                .to_string()
-        };
-        let ahead = |d: Duration| {
+        // `wall_now` moved by `d` (back when `ago`), to the second, as RFC 3339.
+        let shifted = |d: Duration, ago: bool| {
             let d = jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::ZERO);
-            wall_now
-                .checked_add(d)
-                .unwrap_or(wall_now)
-                .round(jiff::Unit::Second)
-                .unwrap_or(wall_now)
-                .to_string()
+            let t = if ago {
+                wall_now.checked_sub(d)
+            } else {
+                wall_now.checked_add(d)
+            };
+            let t = t.unwrap_or(wall_now);
+            t.round(jiff::Unit::Second).unwrap_or(t).to_string()
         };
         Self {
             reason: e.reason.as_str().to_string(),
@@ -231,10 +224,10 @@ impl Progress {
                     pod: b.pod.to_string(),
                     budgets: b.budgets.clone(),
                     allowed: b.allowed,
-                    since: at(b.waited),
+                    since: shifted(b.waited, true),
                 })
                 .collect(),
-            deadline_at: e.deadline_in.map(ahead),
+            deadline_at: e.deadline_in.map(|d| shifted(d, false)),
         }
     }
 
