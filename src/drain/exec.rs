@@ -1033,11 +1033,10 @@ impl<'a> Drain<'a> {
         match reply {
             Reply::Surge(surging::Started::Surged(s)) => {
                 surges.started(s);
-                schedule.surge_answered(&pod.uid, true);
             }
             Reply::Surge(surging::Started::Without(why)) => {
                 info!(pod = %pod, "surge: none: {why}; evicting as usual");
-                schedule.surge_answered(&pod.uid, false);
+                schedule.replaced(&pod.uid);
             }
             Reply::SurgeReady(Ok(ready)) => {
                 surges.checked(&pod.uid, ready);

@@ -72,8 +72,6 @@ pub struct Explanation {
     pub reason: Reason,
     /// Pods not gone yet (refused ones excluded: the drain does not wait for them).
     pub left: usize,
-    /// Of those, how many a budget refused.
-    pub blocked: usize,
     /// Of those, how many are to be evicted or have an eviction in flight.
     pub evicting: usize,
     /// Of those, how many wait to retry after an API error.
@@ -82,9 +80,7 @@ pub struct Explanation {
     pub terminating: usize,
     /// Of those, how many wait for their surge's replacement to be Ready.
     pub replacing: usize,
-    /// The longest-blocked pod, when a budget blocks any.
-    pub blocker: Option<Blocker>,
-    /// Every pod a budget blocks, longest first (the first is [`Self::blocker`]).
+    /// Every pod a budget blocks, longest first.
     pub blocked_pods: Vec<Blocker>,
     /// Time to the deadline; `None` once it has passed.
     pub deadline_in: Option<Duration>,
@@ -101,8 +97,7 @@ pub fn explain<'a>(
     selecting: &dyn Fn(&Tracked) -> Vec<String>,
     allowed: &dyn Fn(&str) -> Option<i32>,
 ) -> Explanation {
-    let (mut left, mut blocked, mut evicting, mut retrying, mut terminating) = (0, 0, 0, 0, 0);
-    let mut replacing = 0;
+    let (mut left, mut evicting, mut retrying, mut terminating, mut replacing) = (0, 0, 0, 0, 0);
     let mut refused: Vec<(Instant, &Tracked, &[String])> = Vec::new();
     for t in pods {
         match &t.state {
@@ -111,14 +106,11 @@ pub fn explain<'a>(
             PodState::Backoff { .. } => retrying += 1,
             PodState::Leaving => terminating += 1,
             PodState::Surging { .. } => replacing += 1,
-            PodState::Blocked { since, budgets } => {
-                blocked += 1;
-                refused.push((*since, t, budgets));
-            }
+            PodState::Blocked { since, budgets } => refused.push((*since, t, budgets)),
         }
         left += 1;
     }
-    let reason = if blocked > 0 {
+    let reason = if !refused.is_empty() {
         Reason::WaitingForBudget
     } else if replacing > 0 {
         Reason::WaitingForReplacement
@@ -133,12 +125,10 @@ pub fn explain<'a>(
     Explanation {
         reason,
         left,
-        blocked,
         evicting,
         retrying,
         terminating,
         replacing,
-        blocker: blocked_pods.first().cloned(),
         blocked_pods,
         deadline_in: (now < deadline).then(|| deadline - now),
     }
@@ -242,9 +232,7 @@ impl Progress {
                 } else {
                     format!("PDB {}", b.budgets.join(", "))
                 };
-                let allows = b.allowed.map_or_else(String::new, |a| {
-                    format!(" ({a} disruption{} allowed)", if a == 1 { "" } else { "s" })
-                });
+                let allows = b.allowed.map_or_else(String::new, allows);
                 let waited = b
                     .since
                     .parse::<jiff::Timestamp>()
@@ -258,14 +246,31 @@ impl Progress {
     }
 }
 
+/// ` (N disruptions allowed)`, as the condition and the status say a budget's allowance.
+fn allows(a: i32) -> String {
+    format!(" ({a} disruption{} allowed)", if a == 1 { "" } else { "s" })
+}
+
 impl Explanation {
+    /// How many pods a budget refused.
+    pub fn blocked(&self) -> usize {
+        self.blocked_pods.len()
+    }
+
+    /// The longest-blocked pod, when a budget blocks any.
+    pub fn blocker(&self) -> Option<&Blocker> {
+        self.blocked_pods.first()
+    }
+
     /// Whether `other` says the same but for its timers: the reason, the counts, the blocking
     /// pod and its budget's allowance. When not, the condition is rewritten at once.
     pub fn same_cause(&self, other: &Self) -> bool {
-        let blocker = |e: &Self| e.blocker.as_ref().map(|b| (b.pod.clone(), b.allowed));
+        fn blocker(e: &Explanation) -> Option<(&PodRef, Option<i32>)> {
+            e.blocker().map(|b| (&b.pod, b.allowed))
+        }
         self.reason == other.reason
             && self.left == other.left
-            && self.blocked == other.blocked
+            && self.blocked() == other.blocked()
             && self.replacing == other.replacing
             && blocker(self) == blocker(other)
             && self.deadline_in.is_some() == other.deadline_in.is_some()
@@ -283,22 +288,18 @@ impl fmt::Display for Explanation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let plural = |n: usize| if n == 1 { "" } else { "s" };
         write!(f, "{} pod{} left", self.left, plural(self.left))?;
-        if let Some(b) = &self.blocker {
+        if let Some(b) = self.blocker() {
             if b.budgets.is_empty() {
                 write!(f, "; {} blocked by a PodDisruptionBudget", b.pod)?;
             } else {
                 write!(f, "; {} blocked by PDB {}", b.pod, b.budgets.join(", "))?;
             }
             if let Some(a) = b.allowed {
-                write!(
-                    f,
-                    " ({a} disruption{} allowed)",
-                    if a == 1 { "" } else { "s" }
-                )?;
+                f.write_str(&allows(a))?;
             }
             write!(f, " for {} s", secs(b.waited))?;
-            if self.blocked > 1 {
-                write!(f, ", {} pods blocked in all", self.blocked)?;
+            if self.blocked() > 1 {
+                write!(f, ", {} pods blocked in all", self.blocked())?;
             }
         }
         if self.replacing > 0 {

@@ -93,7 +93,7 @@ impl DrainMetrics {
     /// What the running drain waits on now.
     pub fn waiting(&self, e: &Explanation) {
         let counts = [
-            e.blocked,
+            e.blocked(),
             e.evicting,
             e.retrying,
             e.terminating,

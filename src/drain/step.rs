@@ -217,7 +217,7 @@ pub enum Command {
     /// The deadline passed and `on_deadline = wait`: the drain goes on (said once).
     WaitingPastDeadline,
     /// Ask the pod's Deployment (through `replica_set`) for a replacement before the eviction;
-    /// answer with [`Schedule::surge_answered`], then [`Schedule::replaced`] once it is Ready.
+    /// answer with [`Schedule::replaced`] once it is Ready, or at once when no surge is made.
     Surge {
         /// The pod.
         pod: PodRef,
@@ -604,14 +604,6 @@ impl Schedule {
                 t.state = PodState::Pending;
                 commands.push(Command::SurgeGaveUp(t.pod.clone()));
             }
-        }
-    }
-
-    /// The answer to a [`Command::Surge`]: `started` when the Deployment got its extra replica;
-    /// otherwise (not needed, or refused) the pod is evicted now.
-    pub fn surge_answered(&mut self, uid: &str, started: bool) {
-        if !started {
-            self.replaced(uid);
         }
     }
 

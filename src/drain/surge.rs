@@ -47,29 +47,35 @@ pub fn wish(pod: &Pod, surge_all: bool) -> Wish {
         .iter()
         .flatten()
         .find(|r| r.controller == Some(true));
-    let name = format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    );
+    let name = || {
+        format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        )
+    };
     match controller {
         Some(c) if c.kind == "ReplicaSet" && c.api_version == "apps/v1" => {
             Wish::Through(c.name.clone())
         }
         _ if !annotated => Wish::No,
         Some(c) if c.kind == "StatefulSet" => Wish::Cannot(format!(
-            "{name}: {DRAIN_ANNOTATION}={SURGE} is never done for a StatefulSet's pod (its \
+            "{}: {DRAIN_ANNOTATION}={SURGE} is never done for a StatefulSet's pod (its \
              replacement has the same name and cannot start until this pod is gone); evicted \
-             without a surge"
+             without a surge",
+            name()
         )),
         Some(c) => Wish::Cannot(format!(
-            "{name}: {DRAIN_ANNOTATION}={SURGE} needs a Deployment's pod, this one's controller \
+            "{}: {DRAIN_ANNOTATION}={SURGE} needs a Deployment's pod, this one's controller \
              is {} {}; evicted without a surge",
-            c.kind, c.name
+            name(),
+            c.kind,
+            c.name
         )),
         None => Wish::Cannot(format!(
-            "{name}: {DRAIN_ANNOTATION}={SURGE} needs a Deployment's pod, this one has no \
-             controller; evicted without a surge"
+            "{}: {DRAIN_ANNOTATION}={SURGE} needs a Deployment's pod, this one has no \
+             controller; evicted without a surge",
+            name()
         )),
     }
 }

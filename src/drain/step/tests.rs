@@ -595,7 +595,6 @@ fn a_surge_comes_before_the_eviction() {
         replica_set: "rs".into(),
         budget_open: false,
     }));
-    s.surge_answered("solo", true);
     let waiting = run(&mut s, t0, 10 * MS, &closed);
     assert!(evicted(&waiting).is_empty(), "waits for the replacement");
     assert!(
@@ -639,8 +638,8 @@ fn a_surge_gives_way_to_the_eviction() {
     s.track(&surge_pod("b"), &no_daemonsets);
     let first = run(&mut s, t0, Duration::ZERO, &open);
     assert!(evicted(&first).is_empty());
-    s.surge_answered("a", false);
-    s.surge_answered("b", true);
+    // No surge made for a (not needed); b's replacement is on its way.
+    s.replaced("a");
     let next = run(&mut s, t0, 10 * MS, &open);
     assert_eq!(evicted(&next), ["a"], "no surge needed: evicted now");
     // 10 s deadline: b's surge waits 5 s at most, and the schedule wakes for it.
