@@ -25,6 +25,7 @@ pub mod render;
 pub mod resources;
 pub mod scaler;
 pub mod secret;
+pub mod selector;
 pub mod shutdown;
 pub mod store;
 pub mod systemd;

@@ -489,27 +489,11 @@ pub fn fallback_margin(total: Duration) -> Duration {
     (total / 10).clamp(Duration::from_secs(1), Duration::from_secs(15))
 }
 
-/// Whether a label selector selects a set of labels (matchLabels and matchExpressions with
-/// In, NotIn, Exists, DoesNotExist). An empty selector selects everything, as in policy/v1.
+/// Whether a label selector selects a set of labels: the scaler's matcher
+/// ([`crate::selector::SelectorView::selects`]), so the two never disagree on which pods a budget
+/// covers. An empty selector selects everything, as in policy/v1.
 pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let labels_ok = selector
-        .match_labels
-        .as_ref()
-        .is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
-    let exprs_ok = selector.match_expressions.as_ref().is_none_or(|exprs| {
-        exprs.iter().all(|e| {
-            let value = labels.get(&e.key);
-            let values = e.values.as_deref().unwrap_or_default();
-            match e.operator.as_str() {
-                "In" => value.is_some_and(|v| values.contains(v)),
-                "NotIn" => value.is_none_or(|v| !values.contains(v)),
-                "Exists" => value.is_some(),
-                "DoesNotExist" => value.is_none(),
-                _ => false,
-            }
-        })
-    });
-    labels_ok && exprs_ok
+    crate::selector::SelectorView::from_selector(selector).selects(labels)
 }
 
 /// The budgets in `namespace` that select a pod with `labels`.

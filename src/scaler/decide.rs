@@ -30,8 +30,8 @@ use std::fmt;
 use jiff::{SignedDuration, Timestamp};
 
 use super::model::{
-    Backoff, BudgetView, FNV_OFFSET, MachineView, NodeView, PodView, Requirement, SelectorView,
-    Snapshot, TaintView, TolerationView, fnv,
+    Backoff, BudgetView, FNV_OFFSET, MachineView, NodeView, PodView, Requirement, Snapshot,
+    TaintView, TolerationView, fnv,
 };
 use crate::config::{Expander, GroupSettings, ScalerSettings};
 use crate::names::NODE_GROUP_LABEL;
@@ -296,38 +296,7 @@ pub fn selects(pod: &PodView, labels: &BTreeMap<String, String>, name: &str) -> 
             || pod
                 .affinity_terms
                 .iter()
-                .any(|term| term.iter().all(|r| requirement_matches(r, labels, name))))
-}
-
-fn requirement_matches(r: &Requirement, labels: &BTreeMap<String, String>, name: &str) -> bool {
-    let value = if r.field {
-        (r.key == "metadata.name" && !name.is_empty()).then_some(name)
-    } else {
-        labels.get(&r.key).map(String::as_str)
-    };
-    let int = |s: &str| s.parse::<i64>().ok();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| r.values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !r.values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" => {
-            matches!((value.and_then(int), r.values.first().and_then(|x| int(x))), (Some(v), Some(x)) if v > x)
-        }
-        "Lt" => {
-            matches!((value.and_then(int), r.values.first().and_then(|x| int(x))), (Some(v), Some(x)) if v < x)
-        }
-        _ => false,
-    }
-}
-
-/// Whether a label selector selects a set of labels.
-pub fn selector_selects(sel: &SelectorView, labels: &BTreeMap<String, String>) -> bool {
-    sel.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
-        && sel
-            .expressions
-            .iter()
-            .all(|r| !r.field && requirement_matches(r, labels, ""))
+                .any(|term| term.iter().all(|r| r.selects(labels, name))))
 }
 
 /// The budgets of a snapshot by namespace, so finding a pod's budgets does not scan them all.
@@ -362,7 +331,7 @@ impl<'a> BudgetIndex<'a> {
                 self.budgets[i]
                     .selector
                     .as_ref()
-                    .is_some_and(|sel| selector_selects(sel, &p.labels))
+                    .is_some_and(|sel| sel.selects(&p.labels))
             })
             .collect()
     }

@@ -5,16 +5,14 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{
-    Node, NodeSelectorRequirement, Pod, PodAffinityTerm, PodSpec, Toleration,
-};
+use k8s_openapi::api::core::v1::{Node, Pod, PodAffinityTerm, PodSpec, Toleration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 pub use crate::drain::plan::{Fate, LeaveRules, PodFacts, SkipReason};
 use crate::names::{NODE_GROUP_LABEL, is_startup_taint_key};
 pub use crate::names::{SCALE_DOWN_DISABLED, SCALE_DOWN_FAILED, UNNEEDED_SINCE};
 use crate::resources::Resources;
+pub use crate::selector::{Requirement, SelectorOperator, SelectorView};
 /// A pod annotation that blocks (`"false"`) or allows (`"true"`) removing its node.
 pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
 /// The node lifecycle controller's taint on a node whose Ready condition is not True (also put
@@ -94,49 +92,6 @@ impl NodeView {
         controller_labels
             .iter()
             .any(|l| self.labels.contains_key(l.as_str()))
-    }
-}
-
-/// A label selector requirement of required node affinity.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Requirement {
-    /// Label key (or `metadata.name` for a field requirement).
-    pub key: String,
-    /// `In`, `NotIn`, `Exists`, `DoesNotExist`, `Gt`, `Lt`.
-    pub operator: String,
-    /// Values.
-    pub values: Vec<String>,
-    /// A `matchFields` requirement (on the node's name).
-    pub field: bool,
-}
-
-/// A label selector (`matchLabels` and `matchExpressions`, the expressions with the operators
-/// of [`Requirement`]).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
-pub struct SelectorView {
-    /// `matchLabels`.
-    pub labels: BTreeMap<String, String>,
-    /// `matchExpressions` (never `field`).
-    pub expressions: Vec<Requirement>,
-}
-
-impl SelectorView {
-    /// Converts a `LabelSelector`.
-    pub fn from_selector(s: &LabelSelector) -> Self {
-        Self {
-            labels: s.match_labels.clone().unwrap_or_default(),
-            expressions: s
-                .match_expressions
-                .iter()
-                .flatten()
-                .map(|e| Requirement {
-                    key: e.key.clone(),
-                    operator: e.operator.clone(),
-                    values: e.values.clone().unwrap_or_default(),
-                    field: false,
-                })
-                .collect(),
-        }
     }
 }
 
@@ -442,15 +397,6 @@ pub fn node_view(node: &Node) -> NodeView {
     }
 }
 
-fn requirement(r: &NodeSelectorRequirement, field: bool) -> Requirement {
-    Requirement {
-        key: r.key.clone(),
-        operator: r.operator.clone(),
-        values: r.values.clone().unwrap_or_default(),
-        field,
-    }
-}
-
 fn toleration(t: &Toleration) -> TolerationView {
     TolerationView {
         key: t.key.clone().unwrap_or_default(),
@@ -471,15 +417,21 @@ fn with_label_keys(
     mismatch_keys: Option<&Vec<String>>,
 ) -> Option<SelectorView> {
     let mut selector = selector?;
-    let matching = match_keys.into_iter().flatten().map(|k| (k, "In"));
-    let mismatching = mismatch_keys.into_iter().flatten().map(|k| (k, "NotIn"));
+    let matching = match_keys
+        .into_iter()
+        .flatten()
+        .map(|k| (k, SelectorOperator::In));
+    let mismatching = mismatch_keys
+        .into_iter()
+        .flatten()
+        .map(|k| (k, SelectorOperator::NotIn));
     for (key, operator) in matching.chain(mismatching) {
         let Some(value) = labels.get(key) else {
             continue;
         };
         let r = Requirement {
             key: key.clone(),
-            operator: operator.into(),
+            operator,
             values: vec![value.clone()],
             field: false,
         };
@@ -620,13 +572,13 @@ pub fn pod_view(pod: &Pod, leave: &LeaveContext<'_>) -> Option<PodView> {
                         .match_expressions
                         .iter()
                         .flatten()
-                        .map(|r| requirement(r, false))
+                        .map(|r| Requirement::of_node_selector(r, false))
                         .collect();
                     reqs.extend(
                         t.match_fields
                             .iter()
                             .flatten()
-                            .map(|r| requirement(r, true)),
+                            .map(|r| Requirement::of_node_selector(r, true)),
                     );
                     reqs
                 })

@@ -37,7 +37,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::label_sets::LabelSet;
-use super::{FastMap, selector_selects, selects, tolerates};
+use super::{FastMap, selects, tolerates};
 use crate::scaler::model::{
     Namespaces, NodeView, PodTermView, PodView, Requirement, SelectorView, SpreadView, TaintView,
     TolerationView,
@@ -116,7 +116,7 @@ impl Matcher {
             && self.terms.iter().all(|t| {
                 t.selector
                     .as_ref()
-                    .is_some_and(|s| t.namespaces.contain(ns) && selector_selects(s, labels))
+                    .is_some_and(|s| t.namespaces.contain(ns) && s.selects(labels))
             })
     }
 }
@@ -1022,7 +1022,7 @@ mod tests {
     fn by_label_finds_the_counters_trying_each_finds() {
         let req = |key: &str, operator: &str, values: &[&str]| Requirement {
             key: key.into(),
-            operator: operator.into(),
+            operator: crate::selector::SelectorOperator::of_label_selector(operator),
             values: values.iter().map(|v| v.to_string()).collect(),
             field: false,
         };
