@@ -23,6 +23,7 @@
 //! What to do is decided by the pure [`state`] machine and [`crate::gate::evaluate`]; this file
 //! only gathers facts and acts.
 
+mod event_loop;
 mod lock;
 pub mod metrics;
 pub mod node;
@@ -47,7 +48,7 @@ use zbus::zvariant::OwnedFd;
 
 use crate::config::{Settings, ShutdownPolicy, TaintOwner};
 use crate::drain::access::{self, Access};
-use crate::gate::watch::{self as gwatch, FileWatcher};
+use crate::gate::watch::{self as gwatch};
 use crate::gate::{Facts, GateSet, HttpFact, Verdict};
 use crate::logind::{self, Logind, LogindEvent, ShutdownKind};
 use crate::readiness;
@@ -332,238 +333,6 @@ impl Agent {
         }
     }
 
-    async fn main(&mut self) -> Result<(), Error> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut sigterm = signal(SignalKind::terminate()).map_err(|source| Error::Signal {
-            signal: "SIGTERM",
-            source,
-        })?;
-        let mut sigint = signal(SignalKind::interrupt()).map_err(|source| Error::Signal {
-            signal: "SIGINT",
-            source,
-        })?;
-        info!(node = %self.node, gates = self.gates.gates.len(), "agent starting");
-
-        // Gate files: inotify first, then the first read, so nothing written in between is lost.
-        let (file_tx, mut file_rx) = tokio::sync::mpsc::unbounded_channel();
-        let paths: Vec<_> = self
-            .settings
-            .gates
-            .file
-            .iter()
-            .map(|f| f.path.clone())
-            .collect();
-        let mut files = FileWatcher::new(paths, file_tx)?;
-        self.facts.files = files.read_all();
-
-        // The kubeconfig: watched (like a gate file) until it loads.
-        let (kc_tx, mut kc_rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut kc_files = match (&self.client, &self.kubeconfig) {
-            (None, Some(path)) => Some(FileWatcher::new(vec![path.clone()], kc_tx)?),
-            _ => None,
-        };
-        if self.client.is_none() {
-            self.load_kubeconfig().await;
-        }
-        let mut access_check: Option<AccessFuture> = None;
-        let mut access_retry_at: Option<Instant> = None;
-        let (mut node_events, mut pod_events) = match &self.client {
-            Some(c) => {
-                kc_files = None;
-                access_check = Some(self.check_access(c));
-                let (n, p) = self.watches(c);
-                (Some(n), Some(p))
-            }
-            None => (None, None),
-        };
-
-        let mut logind_events = self.connect_logind().await;
-        let ready_anyway_at = self.started + READY_WITHOUT_API_AFTER;
-
-        let http_client = gwatch::http_client();
-        let mut http_tick = tokio::time::interval(self.settings.gates.http_interval);
-        http_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let probing = !self.settings.gates.http.is_empty();
-        let mut probe: Option<ProbeFuture> = None;
-
-        let mut kubelet_lock_tick = tokio::time::interval(KUBELET_LOCK_RECHECK);
-        kubelet_lock_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-
-        let watchdog = sd_notify::watchdog_enabled();
-        let mut watchdog_tick = tokio::time::interval(watchdog.map_or(Duration::MAX, |d| d / 2));
-
-        let mut drain: Option<DrainFuture> = None;
-        // The running drain's word on what it waits on: the status file follows it.
-        let mut progress = None;
-        // A deadline too far to represent (a config of years) is as good as none.
-        let boot_deadline_at = self
-            .started
-            .checked_add(self.settings.agent.boot_deadline)
-            .unwrap_or_else(|| self.started + FAR_FUTURE);
-        self.publish();
-
-        loop {
-            let reconcile_at = self.reconcile_retry_at;
-            let logind_at = self.logind_retry_at;
-            let watch_deadline = !self.overdue_reported && self.phase.gates_act();
-            let ready_pending = !self.notified_ready;
-            tokio::select! {
-                // In this order, before anything that may call the API server: logind's
-                // announcement of a shutdown is never kept waiting behind a retry of a
-                // reconcile that a frozen API server holds (each call bounded by
-                // REQUEST_DEADLINE), as a random pick among ready branches could.
-                biased;
-                _ = sigterm.recv() => { info!("SIGTERM: the service is stopping (not a shutdown); releasing the lock without draining"); break; }
-                _ = sigint.recv() => { info!("SIGINT: stopping; releasing the lock without draining"); break; }
-                ev = next_or_pending(&mut logind_events) => match ev {
-                    Some(ev) => {
-                        if let Some(d) = self.on_logind(ev).await {
-                            drain = Some(d);
-                            progress.clone_from(&self.drain_progress);
-                            // The drain unit's ExecStop waits for the outcome in the status
-                            // file, which must say "draining" before the unit is stopped.
-                            self.publish();
-                            self.stop_drain_unit();
-                        }
-                        if matches!(self.phase, Phase::Gated | Phase::Ready) && drain.is_some() {
-                            // A cancelled shutdown: stop draining.
-                            drain = None;
-                        }
-                    }
-                    None => {
-                        warn!("lost the D-Bus connection; reconnecting");
-                        self.logind = None;
-                        logind_events = None;
-                        self.logind_retry_at = Some(Instant::now() + self.logind_backoff);
-                    }
-                },
-                Some(()) = file_rx.recv() => {
-                    while file_rx.try_recv().is_ok() {}
-                    files.rearm()?;
-                    self.facts.files = files.read_all();
-                    self.reconcile().await;
-                }
-                Some(()) = kc_rx.recv(), if kc_files.is_some() => {
-                    while kc_rx.try_recv().is_ok() {}
-                    if let Some(w) = kc_files.as_mut() {
-                        w.rearm()?;
-                    }
-                    self.kubeconfig_backoff = KUBECONFIG_RETRY_MIN;
-                    self.load_kubeconfig().await;
-                    if let Some(c) = self.client.clone() {
-                        kc_files = None;
-                        access_check = Some(self.check_access(&c));
-                        let (n, p) = self.watches(&c);
-                        node_events = Some(n);
-                        pod_events = Some(p);
-                    }
-                }
-                _ = sleep_until_opt(self.kubeconfig_retry_at), if kc_files.is_some() => {
-                    self.load_kubeconfig().await;
-                    if let Some(c) = self.client.clone() {
-                        kc_files = None;
-                        access_check = Some(self.check_access(&c));
-                        let (n, p) = self.watches(&c);
-                        node_events = Some(n);
-                        pod_events = Some(p);
-                    }
-                }
-                Some(ev) = next_or_pending(&mut node_events) => {
-                    match ev {
-                        Ok(ev) => {
-                            self.api_answered();
-                            self.apply_node(ev);
-                        }
-                        Err(e) => {
-                            self.node_watch.abandon_relist();
-                            self.api_failed("node watch", &e.to_string());
-                        }
-                    }
-                    self.reconcile().await;
-                }
-                Some(ev) = next_or_pending(&mut pod_events) => {
-                    match ev {
-                        Ok(ev) => {
-                            self.api_answered();
-                            self.pods.apply(&ev);
-                        }
-                        Err(e) => {
-                            self.pods.abandon_relist();
-                            self.api_failed("pod watch", &e.to_string());
-                        }
-                    }
-                    self.reconcile().await;
-                }
-                summary = async { match drain.as_mut() { Some(d) => d.await, None => std::future::pending().await } } => {
-                    drain = None;
-                    progress = None;
-                    self.drain_ended(summary);
-                }
-                Ok(()) = changed_or_pending(&mut progress) => {}
-                answer = async { match access_check.as_mut() { Some(a) => a.await, None => std::future::pending().await } } => {
-                    access_check = None;
-                    access_retry_at = self.access_answered(answer).then(|| Instant::now() + ACCESS_RECHECK);
-                    self.reconcile().await;
-                }
-                _ = sleep_until_opt(access_retry_at), if access_check.is_none() => {
-                    access_retry_at = None;
-                    if let Some(c) = &self.client {
-                        access_check = Some(self.check_access(c));
-                    }
-                }
-                results = async { match probe.as_mut() { Some(p) => p.await, None => std::future::pending().await } } => {
-                    probe = None;
-                    self.facts.http = results.into_iter().collect();
-                    self.reconcile().await;
-                }
-                _ = http_tick.tick(), if probing && probe.is_none() => {
-                    let client = http_client.clone();
-                    let timeout = self.settings.gates.http_timeout;
-                    let urls: Vec<hyper::Uri> = self.settings.gates.http.iter().map(|h| h.url.clone()).collect();
-                    probe = Some(Box::pin(async move {
-                        let mut out = Vec::new();
-                        for u in urls {
-                            let fact = gwatch::probe(&client, &u, timeout).await;
-                            out.push((u.to_string(), fact));
-                        }
-                        out
-                    }));
-                }
-                _ = kubelet_lock_tick.tick() => {
-                    if self.list_kubelet_locks().await {
-                        self.reconcile().await;
-                    }
-                }
-                _ = sleep_until_opt(reconcile_at) => {
-                    self.reconcile_retry_at = None;
-                    self.reconcile().await;
-                }
-                _ = sleep_until_opt(logind_at) => {
-                    self.logind_retry_at = None;
-                    if self.logind.is_none() {
-                        logind_events = self.connect_logind().await;
-                    } else if self.wants_lock() && self.lock != Lock::Held {
-                        self.take_lock().await;
-                    }
-                }
-                _ = tokio::time::sleep_until(boot_deadline_at), if watch_deadline => {
-                    self.reconcile().await;
-                }
-                _ = watchdog_tick.tick(), if watchdog.is_some() => notify(&[sd_notify::NotifyState::Watchdog]),
-                // Only to wake up publish(), which decides READY.
-                _ = tokio::time::sleep_until(ready_anyway_at), if ready_pending => {}
-            }
-            self.publish();
-        }
-        notify(&[sd_notify::NotifyState::Stopping]);
-        if self.lock_fd.take().is_some() {
-            self.lock_to(LockEvent::Dropped);
-        }
-        self.publish();
-        info!(node = %self.node, "agent stopped; lock closed");
-        Ok(())
-    }
-
     /// The Node and pod watches, with kube's backoff between failed attempts. `Init` (emitted
     /// before every list attempt, answered or not) is dropped before the backoff: it is an `Ok`,
     /// which resets the backoff, so an unreachable API server would be retried about once a
@@ -757,6 +526,28 @@ impl Agent {
     /// Re-evaluates the gates and acts on the Node; stops at the first failed write and tries
     /// again after [`RECONCILE_RETRY`].
     async fn reconcile(&mut self) {
+        self.evaluate_gates();
+        let Some(client) = self.client.clone() else {
+            return;
+        };
+        if !self.node_watch.synced() {
+            return;
+        }
+        for action in state::reconcile(&self.view()) {
+            if let Err((what, error)) = self.act(&client, action).await {
+                self.write_failed(what, &error);
+                return;
+            }
+        }
+        self.reconcile_backoff = RECONCILE_RETRY;
+        if self.write_log.clear() {
+            info!(node = %self.node, "writes to the Node succeed again");
+        }
+    }
+
+    /// The gates' verdict from the facts as they are now (the Node and pod facts only from
+    /// synced watches).
+    fn evaluate_gates(&mut self) {
         self.facts.node_conditions = if self.node_watch.synced() {
             self.node_obj.as_ref().map(gwatch::node_conditions)
         } else {
@@ -782,102 +573,83 @@ impl Agent {
             }
         }
         self.verdict = verdict;
-        let Some(client) = self.client.clone() else {
-            return;
-        };
-        if !self.node_watch.synced() {
-            return;
-        }
-        for action in state::reconcile(&self.view()) {
-            let mut failed: Option<(&str, String)> = None;
-            let ok = match action {
-                Action::Transition(ev) => self.phase_to(ev),
-                Action::WriteCondition => {
-                    let want = readiness::desired_condition(&self.verdict);
-                    match readiness::write_condition(
-                        &client,
-                        &self.node,
-                        self.node_obj.as_ref(),
-                        &want,
-                    )
+    }
+
+    /// Does one of the state machine's actions; on failure, what failed and why.
+    async fn act(
+        &mut self,
+        client: &kube::Client,
+        action: Action,
+    ) -> Result<(), (&'static str, String)> {
+        match action {
+            Action::Transition(ev) => {
+                if self.phase_to(ev) {
+                    Ok(())
+                } else {
+                    Err(("a transition was refused", String::new()))
+                }
+            }
+            Action::WriteCondition => {
+                let want = readiness::desired_condition(&self.verdict);
+                let n =
+                    readiness::write_condition(client, &self.node, self.node_obj.as_ref(), &want)
+                        .await
+                        .map_err(|e| ("cannot report readiness", e.to_string()))?;
+                self.node_echo_rv = n.metadata.resource_version.clone();
+                self.node_obj = Some(n);
+                Ok(())
+            }
+            Action::RemoveStartupTaint | Action::AddStartupTaint => {
+                let add = action == Action::AddStartupTaint;
+                if add {
+                    warn!(node = %self.node, failing = ?self.verdict.failing(), "a gate failed; putting the startup taint back");
+                }
+                let (n, written) = readiness::set_startup_taint(client, &self.node, add, None)
                     .await
-                    {
-                        Ok(n) => {
-                            self.node_echo_rv = n.metadata.resource_version.clone();
-                            self.node_obj = Some(n);
-                            true
-                        }
-                        Err(e) => {
-                            failed = Some(("cannot report readiness", e.to_string()));
-                            false
-                        }
-                    }
+                    .map_err(|e| ("cannot change the startup taint", e.to_string()))?;
+                // Fresher than the watch, which may still deliver older versions.
+                if written {
+                    self.node_echo_rv = n.metadata.resource_version.clone();
                 }
-                Action::RemoveStartupTaint | Action::AddStartupTaint => {
-                    let add = action == Action::AddStartupTaint;
-                    if add {
-                        warn!(node = %self.node, failing = ?self.verdict.failing(), "a gate failed; putting the startup taint back");
-                    }
-                    match readiness::set_startup_taint(&client, &self.node, add, None).await {
-                        Ok((n, written)) => {
-                            // Fresher than the watch, which may still deliver older versions.
-                            if written {
-                                self.node_echo_rv = n.metadata.resource_version.clone();
-                            }
-                            self.node_obj = Some(n);
-                            true
-                        }
-                        Err(e) => {
-                            failed = Some(("cannot change the startup taint", e.to_string()));
-                            false
-                        }
-                    }
+                self.node_obj = Some(n);
+                Ok(())
+            }
+            Action::Uncordon => match crate::drain::uncordon(client, &self.node, false).await {
+                Ok(o) => {
+                    info!(node = %self.node, outcome = ?o, "gates pass: nodeward's cordon lifted");
+                    self.own_cordon = false;
+                    Ok(())
                 }
-                Action::Uncordon => {
-                    match crate::drain::uncordon(&client, &self.node, false).await {
-                        Ok(o) => {
-                            info!(node = %self.node, outcome = ?o, "gates pass: nodeward's cordon lifted");
-                            self.own_cordon = false;
-                            true
-                        }
-                        Err(crate::drain::exec::Error::CordonedByOther { who, .. }) => {
-                            info!(node = %self.node, by = ?who, "cordoned by someone else; leaving it");
-                            true
-                        }
-                        Err(e) => {
-                            failed = Some(("cannot uncordon", e.to_string()));
-                            false
-                        }
-                    }
+                Err(crate::drain::exec::Error::CordonedByOther { who, .. }) => {
+                    info!(node = %self.node, by = ?who, "cordoned by someone else; leaving it");
+                    Ok(())
                 }
-                Action::ReportNotReadyInTime => {
-                    let failing = self.verdict.failing().join("; ");
-                    error!(node = %self.node, boot_deadline = ?self.settings.agent.boot_deadline, failing = %failing, "NodeNotReadyInTime: the readiness gates did not pass in time");
-                    node::event(
-                        &client,
-                        &self.node,
-                        true,
-                        "NodeNotReadyInTime",
-                        format!(
-                            "readiness gates not passing {:?} after the agent started: {failing}",
-                            self.settings.agent.boot_deadline
-                        ),
-                    )
-                    .await;
-                    self.overdue_reported = true;
-                    true
-                }
-            };
-            if !ok {
-                let (what, error) = failed.unwrap_or(("a transition was refused", String::new()));
-                self.write_failed(what, &error);
-                return;
+                Err(e) => Err(("cannot uncordon", e.to_string())),
+            },
+            Action::ReportNotReadyInTime => {
+                self.report_not_ready_in_time(client).await;
+                Ok(())
             }
         }
-        self.reconcile_backoff = RECONCILE_RETRY;
-        if self.write_log.clear() {
-            info!(node = %self.node, "writes to the Node succeed again");
-        }
+    }
+
+    /// The gates did not pass within the boot deadline: said once, in the journal and as an
+    /// Event on the Node.
+    async fn report_not_ready_in_time(&mut self, client: &kube::Client) {
+        let failing = self.verdict.failing().join("; ");
+        error!(node = %self.node, boot_deadline = ?self.settings.agent.boot_deadline, failing = %failing, "NodeNotReadyInTime: the readiness gates did not pass in time");
+        node::event(
+            client,
+            &self.node,
+            true,
+            "NodeNotReadyInTime",
+            format!(
+                "readiness gates not passing {:?} after the agent started: {failing}",
+                self.settings.agent.boot_deadline
+            ),
+        )
+        .await;
+        self.overdue_reported = true;
     }
 
     fn waiting_for(&self) -> String {
