@@ -2,6 +2,8 @@
 //! Nodes and pods, and the field manager of its writes. One place, so the agent, the drain, the
 //! readiness controller, the scaler and the rendered user data always agree.
 
+use crate::validate::TaintEffect;
+
 /// The label every node of a group carries; the scaler finds its nodes by it.
 pub const NODE_GROUP_LABEL: &str = "nodeward.io/node-group";
 
@@ -9,6 +11,9 @@ pub const NODE_GROUP_LABEL: &str = "nodeward.io/node-group";
 /// `readiness.k8s.io/`, the only prefix a node-readiness-controller `NodeReadinessRule` may own,
 /// so that controller can lift it as well as nodeward's own.
 pub const STARTUP_TAINT_KEY: &str = "readiness.k8s.io/nodeward";
+
+/// The startup taint's effect: new pods stay away, running ones (DaemonSets) stay.
+pub const STARTUP_TAINT_EFFECT: TaintEffect = TaintEffect::NoSchedule;
 
 /// The startup taint's key up to nodeward 0.1. Nodes registered with it before an upgrade are
 /// still recognised (the agent, the controller and the scaler treat it as the startup taint;

@@ -80,7 +80,7 @@ pub fn label_value(s: &str) -> Result<(), &'static str> {
 }
 
 /// The effect of a taint, as in `core/v1 Taint.effect`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum TaintEffect {
     /// New pods that do not tolerate the taint are not scheduled.
     NoSchedule,
@@ -90,13 +90,27 @@ pub enum TaintEffect {
     NoExecute,
 }
 
-impl fmt::Display for TaintEffect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl TaintEffect {
+    /// The API's word for it (`NoSchedule`, ...).
+    pub const fn as_str(self) -> &'static str {
+        match self {
             Self::NoSchedule => "NoSchedule",
             Self::PreferNoSchedule => "PreferNoSchedule",
             Self::NoExecute => "NoExecute",
-        })
+        }
+    }
+
+    /// Reads the API's word; `None` for any other (the apiserver accepts these three only).
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::NoSchedule, Self::PreferNoSchedule, Self::NoExecute]
+            .into_iter()
+            .find(|e| e.as_str() == s)
+    }
+}
+
+impl fmt::Display for TaintEffect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -121,12 +135,7 @@ impl FromStr for Taint {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (kv, effect) = s.rsplit_once(':').ok_or(TAINT_FORM)?;
-        let effect = match effect {
-            "NoSchedule" => TaintEffect::NoSchedule,
-            "PreferNoSchedule" => TaintEffect::PreferNoSchedule,
-            "NoExecute" => TaintEffect::NoExecute,
-            _ => return Err(TAINT_FORM),
-        };
+        let effect = TaintEffect::parse(effect).ok_or(TAINT_FORM)?;
         let (key, value) = match kv.split_once('=') {
             Some((k, v)) => (k, Some(v)),
             None => (kv, None),

@@ -57,7 +57,7 @@ pub async fn event(client: &kube::Client, node: &str, warning: bool, reason: &st
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::readiness::{STARTUP_TAINT_KEY, has_startup_taint};
+    use crate::readiness::{STARTUP_TAINT_EFFECT, STARTUP_TAINT_KEY, has_startup_taint};
     use serde_json::json;
 
     fn node(unschedulable: bool, at: Option<&str>, taint: bool) -> Node {
@@ -67,7 +67,8 @@ mod tests {
             v["metadata"]["annotations"] = json!({cordon::CORDONED_BY: rec});
         }
         if taint {
-            v["spec"]["taints"] = json!([{"key": STARTUP_TAINT_KEY, "effect": "NoSchedule"}]);
+            v["spec"]["taints"] =
+                json!([{"key": STARTUP_TAINT_KEY, "effect": STARTUP_TAINT_EFFECT.as_str()}]);
         }
         serde_json::from_value(v).expect("node")
     }

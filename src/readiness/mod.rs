@@ -20,7 +20,7 @@ use serde_json::json;
 use tracing::info;
 
 use crate::gate::Verdict;
-pub use crate::names::{CONDITION_TYPE, STARTUP_TAINT_KEY};
+pub use crate::names::{CONDITION_TYPE, STARTUP_TAINT_EFFECT, STARTUP_TAINT_KEY};
 use crate::node_write::{self, NodeWrite, WriteError, status_word};
 
 /// `reason` of a `True` condition.
@@ -30,8 +30,6 @@ pub const REASON_FAILING: &str = "GatesFailing";
 /// `reason` of a `False` condition past the agent's boot deadline: the machine should be
 /// replaced (the scaler's NeverReady repair).
 pub const REASON_NOT_READY_IN_TIME: &str = "NotReadyInTime";
-/// The startup taint's effect: new pods stay away, running ones (DaemonSets) stay.
-pub const STARTUP_TAINT_EFFECT: &str = "NoSchedule";
 /// The API keeps condition messages short in practice; ours names the failing gates.
 const MESSAGE_MAX: usize = 1024;
 
@@ -172,7 +170,7 @@ fn taints(n: &Node) -> Vec<Taint> {
 
 /// The startup taint under its current key or the legacy one ([`crate::names::LEGACY_STARTUP_TAINT_KEY`]).
 fn is_startup_taint(t: &Taint) -> bool {
-    crate::names::is_startup_taint_key(&t.key) && t.effect == STARTUP_TAINT_EFFECT
+    crate::names::is_startup_taint_key(&t.key) && t.effect == STARTUP_TAINT_EFFECT.as_str()
 }
 
 /// Errors writing the Node.
@@ -272,7 +270,7 @@ async fn write_startup_taint(
         if change == TaintChange::Add {
             list.push(Taint {
                 key: STARTUP_TAINT_KEY.into(),
-                effect: STARTUP_TAINT_EFFECT.into(),
+                effect: STARTUP_TAINT_EFFECT.to_string(),
                 ..Taint::default()
             });
         } else {

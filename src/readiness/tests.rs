@@ -16,7 +16,7 @@ fn node(condition: Option<&str>, tainted: bool) -> Node {
     if tainted {
         v["spec"]["taints"] = json!([
             {"key": "other", "effect": "NoSchedule"},
-            {"key": STARTUP_TAINT_KEY, "effect": STARTUP_TAINT_EFFECT}
+            {"key": STARTUP_TAINT_KEY, "effect": STARTUP_TAINT_EFFECT.as_str()}
         ]);
     }
     serde_json::from_value(v).expect("node")
@@ -167,7 +167,10 @@ fn the_shipped_node_readiness_rule_is_one_nrc_accepts_for_our_nodes() {
             && name.ends_with(|c: char| c.is_ascii_alphanumeric()),
         "NRC's taint name rule: {name}"
     );
-    assert_eq!(rule["spec"]["taint"]["effect"], STARTUP_TAINT_EFFECT);
+    assert_eq!(
+        rule["spec"]["taint"]["effect"],
+        STARTUP_TAINT_EFFECT.as_str()
+    );
     let mode = rule["spec"]["enforcementMode"].as_str().expect("mode");
     assert!(["bootstrap-only", "continuous"].contains(&mode), "{mode}");
 
@@ -235,7 +238,7 @@ fn the_legacy_startup_taint_key_is_still_ours() {
     let mut n = node(Some("True"), false);
     n.spec.get_or_insert_default().taints = Some(vec![Taint {
         key: crate::names::LEGACY_STARTUP_TAINT_KEY.into(),
-        effect: STARTUP_TAINT_EFFECT.into(),
+        effect: STARTUP_TAINT_EFFECT.to_string(),
         ..Taint::default()
     }]);
     assert!(has_startup_taint(&n));

@@ -149,7 +149,7 @@ pub fn render(name: &str, template: &str, values: &Values) -> Result<String> {
         startup_taint: TemplateTaint {
             key: crate::names::STARTUP_TAINT_KEY,
             value: None,
-            effect: crate::validate::TaintEffect::NoSchedule.to_string(),
+            effect: crate::names::STARTUP_TAINT_EFFECT.to_string(),
         },
         node_group_label: crate::names::NODE_GROUP_LABEL,
         kubernetes_version: &values.kubernetes_version.full,

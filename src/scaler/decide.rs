@@ -31,7 +31,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::model::{
     Backoff, BudgetView, FNV_OFFSET, MachineView, NodeView, PodView, Requirement, Snapshot,
-    TaintView, TolerationView, fnv,
+    TaintEffect, TaintView, TolerationView, fnv,
 };
 use crate::config::{Expander, GroupSettings, ScalerSettings};
 use crate::names::NODE_GROUP_LABEL;
@@ -363,21 +363,13 @@ pub fn scale_down_fingerprint(pods: &[&PodView], budgets: &[BudgetView]) -> Stri
     format!("{h:016x}")
 }
 
-/// Whether the pod tolerates every NoSchedule/NoExecute taint.
+/// Whether the pod tolerates every NoSchedule/NoExecute taint (and every taint whose effect
+/// this version does not know, read as NoSchedule).
 pub fn tolerates(pod: &PodView, taints: &[TaintView]) -> bool {
     taints
         .iter()
-        .filter(|t| t.effect != "PreferNoSchedule")
-        .all(|t| {
-            pod.tolerations.iter().any(|tol| {
-                (tol.effect.is_empty() || tol.effect == t.effect)
-                    && if tol.key.is_empty() {
-                        tol.operator == "Exists"
-                    } else {
-                        tol.key == t.key && (tol.operator == "Exists" || tol.value == t.value)
-                    }
-            })
-        })
+        .filter(|t| t.effect != TaintEffect::PreferNoSchedule)
+        .all(|t| pod.tolerations.iter().any(|tol| tol.tolerates(t)))
 }
 
 /// Where a pod could go during packing.
@@ -506,7 +498,7 @@ fn template(g: &GroupSettings, cx: &Context<'_>) -> Template {
             .map(|t| TaintView {
                 key: t.key.clone(),
                 value: t.value.clone().unwrap_or_default(),
-                effect: t.effect.to_string(),
+                effect: t.effect,
             })
             .collect(),
         allocatable,

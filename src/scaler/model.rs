@@ -13,6 +13,7 @@ use crate::names::{NODE_GROUP_LABEL, is_startup_taint_key};
 pub use crate::names::{SCALE_DOWN_DISABLED, SCALE_DOWN_FAILED, UNNEEDED_SINCE};
 use crate::resources::Resources;
 pub use crate::selector::{Requirement, SelectorOperator, SelectorView};
+pub use crate::validate::TaintEffect;
 /// A pod annotation that blocks (`"false"`) or allows (`"true"`) removing its node.
 pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
 /// The node lifecycle controller's taint on a node whose Ready condition is not True (also put
@@ -25,8 +26,17 @@ pub struct TaintView {
     pub key: String,
     /// Value (empty when none).
     pub value: String,
-    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
-    pub effect: String,
+    /// Effect; one this version does not know is read as `NoSchedule` ([`taint_effect`]).
+    pub effect: TaintEffect,
+}
+
+/// A taint's effect as the API gives it. One this version does not know (the apiserver accepts
+/// only the three today, so it comes from a newer Kubernetes) is read as `NoSchedule`, in every
+/// respect: it keeps away pods that do not tolerate it, and a toleration naming `NoSchedule`
+/// tolerates it. Conservative: the scaler would rather start a node than count on one a pod may
+/// be refused.
+pub fn taint_effect(effect: &str) -> TaintEffect {
+    TaintEffect::parse(effect).unwrap_or(TaintEffect::NoSchedule)
 }
 
 /// A Node.
@@ -187,17 +197,45 @@ pub fn budget_view(b: &PodDisruptionBudget) -> BudgetView {
     }
 }
 
-/// A toleration.
+/// How a toleration compares its value with a taint's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TolerationOperator {
+    /// Any value (and, with an empty key, any key).
+    Exists,
+    /// The same value; what the API means when the operator is missing.
+    Equal,
+}
+
+/// A toleration. One with an operator or an effect this version does not know is none
+/// ([`pod_view`] leaves it out): it tolerates nothing, as the scheduler's `ToleratesTaint` has
+/// it for an unknown operator, and it cannot be matched against our reading of unknown taint
+/// effects ([`taint_effect`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TolerationView {
     /// Key; empty with `Exists` tolerates everything.
     pub key: String,
-    /// `Equal` (default) or `Exists`.
-    pub operator: String,
+    /// `Equal` (when missing) or `Exists`.
+    pub operator: TolerationOperator,
     /// Value for `Equal`.
     pub value: String,
-    /// Effect; empty matches every effect.
-    pub effect: String,
+    /// Effect; `None` (empty in the API) matches every effect.
+    pub effect: Option<TaintEffect>,
+}
+
+impl TolerationView {
+    /// Whether it tolerates the taint: effect, then key and value, as the scheduler's
+    /// `ToleratesTaint` (an empty key tolerates only with `Exists`, the only operator the
+    /// apiserver accepts with one).
+    #[inline]
+    pub fn tolerates(&self, t: &TaintView) -> bool {
+        self.effect.is_none_or(|e| e == t.effect)
+            && match self.operator {
+                TolerationOperator::Exists => self.key.is_empty() || self.key == t.key,
+                TolerationOperator::Equal => {
+                    !self.key.is_empty() && self.key == t.key && self.value == t.value
+                }
+            }
+    }
 }
 
 /// A Pod.
@@ -381,7 +419,7 @@ pub fn node_view(node: &Node) -> NodeView {
             .map(|t| TaintView {
                 key: t.key,
                 value: t.value.unwrap_or_default(),
-                effect: t.effect,
+                effect: taint_effect(&t.effect),
             })
             .collect(),
         unschedulable: spec.unschedulable.unwrap_or(false),
@@ -397,13 +435,23 @@ pub fn node_view(node: &Node) -> NodeView {
     }
 }
 
-fn toleration(t: &Toleration) -> TolerationView {
-    TolerationView {
+/// Converts a toleration; `None` for one that tolerates nothing ([`TolerationView`]).
+fn toleration(t: &Toleration) -> Option<TolerationView> {
+    let operator = match t.operator.as_deref() {
+        None | Some("Equal") => TolerationOperator::Equal,
+        Some("Exists") => TolerationOperator::Exists,
+        Some(_) => return None,
+    };
+    let effect = match t.effect.as_deref() {
+        None | Some("") => None,
+        Some(e) => Some(TaintEffect::parse(e)?),
+    };
+    Some(TolerationView {
         key: t.key.clone().unwrap_or_default(),
-        operator: t.operator.clone().unwrap_or_else(|| "Equal".into()),
+        operator,
         value: t.value.clone().unwrap_or_default(),
-        effect: t.effect.clone().unwrap_or_default(),
-    }
+        effect,
+    })
 }
 
 /// `selector` narrowed to the pod's own values of `match_keys` (`key In [value]`) and, for pod
@@ -610,7 +658,12 @@ pub fn pod_view(pod: &Pod, leave: &LeaveContext<'_>) -> Option<PodView> {
         requests,
         node_selector: spec.node_selector.clone().unwrap_or_default(),
         affinity_terms,
-        tolerations: spec.tolerations.iter().flatten().map(toleration).collect(),
+        tolerations: spec
+            .tolerations
+            .iter()
+            .flatten()
+            .filter_map(toleration)
+            .collect(),
         unschedulable,
         fate,
         safe_to_evict: annotations.get(SAFE_TO_EVICT).map(|v| v == "true"),

@@ -3,8 +3,8 @@ use crate::config::{Capacity, GroupSettings};
 use crate::drain::plan::{EvictRule, Fate, RefuseReason, SkipReason};
 use crate::names::STARTUP_TAINT_KEY;
 use crate::scaler::model::{
-    Namespaces, PodConstraints, PodTermView, SelectorView, SpreadView, TolerationView,
-    UNNEEDED_SINCE,
+    Namespaces, PodConstraints, PodTermView, SelectorView, SpreadView, TaintEffect,
+    TolerationOperator, TolerationView, UNNEEDED_SINCE,
 };
 
 const GI: i64 = 1024 * 1024 * 1024;
@@ -214,7 +214,7 @@ fn the_lifecycle_controllers_not_ready_taint_on_a_fresh_node_is_coming_too() {
     let not_ready = TaintView {
         key: crate::scaler::model::NOT_READY_TAINT.into(),
         value: String::new(),
-        effect: "NoSchedule".into(),
+        effect: TaintEffect::NoSchedule,
     };
     let mut snap = Snapshot::default();
     let mut n = node("b", Some("web"));
@@ -243,7 +243,7 @@ fn booting_nodes_and_registering_machines_count_as_coming() {
     n.taints.push(TaintView {
         key: STARTUP_TAINT_KEY.into(),
         value: String::new(),
-        effect: "NoSchedule".into(),
+        effect: TaintEffect::NoSchedule,
     });
     n.ready = false;
     snap.nodes.push(n);
@@ -371,9 +371,9 @@ fn selectors_affinity_and_taints() {
     let s = settings(vec![web, gpu]);
     let tol = TolerationView {
         key: "dedicated".into(),
-        operator: "Equal".into(),
+        operator: TolerationOperator::Equal,
         value: "gpu".into(),
-        effect: "NoSchedule".into(),
+        effect: Some(TaintEffect::NoSchedule),
     };
     type Case = (
         &'static str,
@@ -423,9 +423,9 @@ fn selectors_affinity_and_taints() {
                 p.affinity_terms = vec![vec![req(NODE_GROUP_LABEL, "NotIn", &["web"])]];
                 p.tolerations.push(TolerationView {
                     key: String::new(),
-                    operator: "Exists".into(),
+                    operator: TolerationOperator::Exists,
                     value: String::new(),
-                    effect: String::new(),
+                    effect: None,
                 });
             }),
             Some("gpu"),
@@ -780,7 +780,7 @@ fn inter_pod_constraints_shape_the_scale_up() {
                 let mut snap = zone_2_outside_the_groups(vec![TaintView {
                     key: "dedicated".into(),
                     value: "db".into(),
-                    effect: "NoSchedule".into(),
+                    effect: TaintEffect::NoSchedule,
                 }]);
                 let mut web = zone_spread(labelled(pod("web-1", 500, 1), "web"), "web", 1);
                 if let Some(c) = web.constraints.as_deref_mut() {
@@ -990,15 +990,135 @@ fn existing_node_taints_and_cordons_are_respected() {
     snap.nodes[0].taints.push(TaintView {
         key: "dedicated".into(),
         value: "x".into(),
-        effect: "NoSchedule".into(),
+        effect: TaintEffect::NoSchedule,
     });
     member(&mut snap, "b", "web");
     snap.nodes[1].unschedulable = true;
     snap.pods.push(pod("p", 500, 1));
     assert_eq!(scale_ups(&decide(&snap, t0(), &s)).len(), 1);
     // PreferNoSchedule does not keep a pod away.
-    snap.nodes[0].taints[0].effect = "PreferNoSchedule".into();
+    snap.nodes[0].taints[0].effect = TaintEffect::PreferNoSchedule;
     assert!(scale_ups(&decide(&snap, t0(), &s)).is_empty());
+}
+
+/// Taints and tolerations as the API gives them, read by `node_view` and `pod_view`: an
+/// effect or operator this version does not know never panics; an unknown taint effect keeps
+/// pods away as NoSchedule does; a toleration with no effect tolerates every effect of its key,
+/// one with no operator is `Equal`, and one with an unknown operator or effect tolerates
+/// nothing.
+#[test]
+fn tolerations_against_taints_as_the_api_gives_them() {
+    use serde_json::{Value, json};
+    let tolerates_taint = |taint: Value, toleration: Value| {
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+            "metadata": {"name": "n"}, "spec": {"taints": [taint]},
+        }))
+        .expect("node");
+        let tolerations = if toleration.is_null() {
+            json!([])
+        } else {
+            json!([toleration])
+        };
+        let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [{"name": "c"}], "tolerations": tolerations},
+        }))
+        .expect("pod");
+        let node = crate::scaler::model::node_view(&node);
+        let pod = crate::scaler::model::pod_view(&p, &Default::default()).expect("view");
+        tolerates(&pod, &node.taints)
+    };
+    let taint = |effect: &str| json!({"key": "k", "value": "v", "effect": effect});
+    let cases = [
+        (
+            "NoSchedule, no toleration",
+            taint("NoSchedule"),
+            Value::Null,
+            false,
+        ),
+        (
+            "NoExecute, no toleration",
+            taint("NoExecute"),
+            Value::Null,
+            false,
+        ),
+        (
+            "PreferNoSchedule never blocks",
+            taint("PreferNoSchedule"),
+            Value::Null,
+            true,
+        ),
+        (
+            "an unknown effect blocks",
+            taint("Sometimes"),
+            Value::Null,
+            false,
+        ),
+        ("an empty effect blocks", taint(""), Value::Null, false),
+        (
+            "no effect: every effect of the key",
+            taint("NoExecute"),
+            json!({"key": "k", "operator": "Exists"}),
+            true,
+        ),
+        (
+            "no effect: an unknown effect too",
+            taint("Sometimes"),
+            json!({"key": "k", "operator": "Exists"}),
+            true,
+        ),
+        (
+            "an unknown effect is NoSchedule",
+            taint("Sometimes"),
+            json!({"key": "k", "operator": "Exists", "effect": "NoSchedule"}),
+            true,
+        ),
+        (
+            "another effect",
+            taint("NoExecute"),
+            json!({"key": "k", "operator": "Exists", "effect": "NoSchedule"}),
+            false,
+        ),
+        (
+            "no operator is Equal: same value",
+            taint("NoSchedule"),
+            json!({"key": "k", "value": "v"}),
+            true,
+        ),
+        (
+            "no operator is Equal: other value",
+            taint("NoSchedule"),
+            json!({"key": "k", "value": "w"}),
+            false,
+        ),
+        (
+            "no key, Exists: everything",
+            taint("Sometimes"),
+            json!({"operator": "Exists"}),
+            true,
+        ),
+        (
+            "no key, Equal: nothing",
+            taint("NoSchedule"),
+            json!({"operator": "Equal", "value": "v"}),
+            false,
+        ),
+        (
+            "an unknown operator tolerates nothing",
+            taint("NoSchedule"),
+            json!({"key": "k", "operator": "Gt", "value": "v"}),
+            false,
+        ),
+        (
+            "an unknown toleration effect tolerates nothing",
+            taint("Sometimes"),
+            json!({"key": "k", "operator": "Exists", "effect": "Sometimes"}),
+            false,
+        ),
+    ];
+    for (name, taint, toleration, want) in cases {
+        assert_eq!(tolerates_taint(taint, toleration), want, "{name}");
+    }
 }
 
 #[test]
@@ -1204,7 +1324,7 @@ fn scale_down_protections() {
                 s.nodes[0].taints.push(TaintView {
                     key: STARTUP_TAINT_KEY.into(),
                     value: String::new(),
-                    effect: "NoSchedule".into(),
+                    effect: TaintEffect::NoSchedule,
                 });
             }),
         ),
@@ -1376,7 +1496,7 @@ fn repair_and_backoff() {
     n.taints.push(TaintView {
         key: STARTUP_TAINT_KEY.into(),
         value: String::new(),
-        effect: "NoSchedule".into(),
+        effect: TaintEffect::NoSchedule,
     });
     snap.nodes.push(n);
     snap.machines.push(machine("slow", "web", t0()));
@@ -2177,7 +2297,7 @@ fn a_machineless_node_notready_for_the_unready_time_is_deleted() {
                 n.taints.push(TaintView {
                     key: STARTUP_TAINT_KEY.into(),
                     value: String::new(),
-                    effect: "NoSchedule".into(),
+                    effect: TaintEffect::NoSchedule,
                 })
             }) as fn(&mut NodeView),
         ),
