@@ -45,8 +45,9 @@ use topology::{BinSite, HOSTNAME, Place, Pods, Topology};
 /// thousands of times. Never iterated: its order, seeded per process, never shows in a decision.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// Why a group grows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a group grows; in the status, `pending-pods`, `below-min` or `standby`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum ScaleUpReason {
     /// Pending pods fit nowhere else.
     PendingPods,
@@ -56,8 +57,10 @@ pub enum ScaleUpReason {
     Standby,
 }
 
-/// Why a machine is deleted without a drain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a machine is deleted without a drain; in the status, `never-registered`, `never-ready`
+/// or `unready`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum RepairReason {
     /// No Node registered within `max_provision_time`.
     NeverRegistered,
@@ -78,8 +81,9 @@ impl fmt::Display for RepairReason {
     }
 }
 
-/// Why a Node whose machine is gone is deleted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a Node whose machine is gone is deleted; in the status, `scaled-down` or `unready`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum DeleteNodeReason {
     /// A scale-down deleted the machine and stopped before the Node.
     ScaledDown,
@@ -100,7 +104,16 @@ impl fmt::Display for DeleteNodeReason {
 }
 
 /// One thing the executor does.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The status ConfigMap's `last_actions` shows each as an object: `action`, the variant's name
+/// in kebab-case (`scale-up`, `no-scale-up`, `mark-unneeded`, `clear-unneeded`, `scale-down`,
+/// `repair`, `back-off`, `delete-node`, `cancel-scale-down`, `clear-back-off`,
+/// `guard-holds`), beside the variant's fields under their own names; times in RFC 3339, reasons
+/// in kebab-case, an absent `node` or `group` as `null`. For example
+/// `{"action": "clear-unneeded", "node": "n1"}`. Readers rely on this shape: add fields, never
+/// rename or remove them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "action", rename_all = "kebab-case")]
 pub enum Action {
     /// Create `count` machines in `group`.
     ScaleUp {

@@ -1261,7 +1261,6 @@ impl<P: Provider + 'static> Inner<P> {
                 .iter()
                 .filter(|a| !matches!(a, Action::NoScaleUp { .. }))
                 .take(STATUS_ACTIONS)
-                .map(|a| format!("{a:?}"))
                 .collect(),
         };
         let text = match serde_norway::to_string(&doc) {
@@ -1316,7 +1315,9 @@ struct StatusDoc<'a> {
     guard: Option<String>,
     pending_unschedulable_pods: usize,
     groups: BTreeMap<&'a str, GroupStatus>,
-    last_actions: Vec<String>,
+    /// The pass's actions but [`Action::NoScaleUp`], at most [`STATUS_ACTIONS`], each in the
+    /// shape [`Action`] documents.
+    last_actions: Vec<&'a Action>,
 }
 
 /// One group in [`StatusDoc`].
@@ -1463,6 +1464,9 @@ package_url = "https://downloads.example.com/nodeward/nodeward_0.1.0.{ext}"
     /// format!-built text broke on a `: ` or a `#` in them).
     #[test]
     fn status_is_yaml_that_parses_back() {
+        let clear = Action::ClearUnneeded {
+            node: "n: #1".into(),
+        };
         let doc = StatusDoc {
             time: "2026-01-01T00:00:00Z".into(),
             leader: "pod-1: #odd 'identity'",
@@ -1480,12 +1484,7 @@ package_url = "https://downloads.example.com/nodeward/nodeward_0.1.0.{ext}"
                     backoff_until: None,
                 },
             )]),
-            last_actions: vec![format!(
-                "{:?}",
-                Action::ClearUnneeded {
-                    node: "n: #1".into()
-                }
-            )],
+            last_actions: vec![&clear],
         };
         let text = serde_norway::to_string(&doc).expect("serialises");
         let back: serde_json::Value = serde_norway::from_str(&text).expect("parses back");
@@ -1497,8 +1496,111 @@ package_url = "https://downloads.example.com/nodeward/nodeward_0.1.0.{ext}"
             serde_json::Value::Null
         );
         assert_eq!(
-            back["last_actions"][0], "ClearUnneeded { node: \"n: #1\" }",
+            back["last_actions"][0],
+            json!({"action": "clear-unneeded", "node": "n: #1"}),
             "{text}"
         );
+    }
+
+    /// Every action as `last_actions` shows it: an object whose `action` names the kind in
+    /// kebab-case, with the action's fields beside it (the shape docs/src/scaler.md documents).
+    #[test]
+    fn every_action_as_the_status_shows_it() {
+        use crate::scaler::decide::{DeleteNodeReason, RepairReason, ScaleUpReason};
+        let at: Timestamp = "2026-01-01T00:00:00Z".parse().expect("time");
+        let cases = [
+            (
+                Action::ScaleUp {
+                    group: "web".into(),
+                    count: 2,
+                    reason: ScaleUpReason::PendingPods,
+                    pods: vec!["ns/p".into()],
+                },
+                json!({"action": "scale-up", "group": "web", "count": 2,
+                    "reason": "pending-pods", "pods": ["ns/p"]}),
+            ),
+            (
+                Action::NoScaleUp {
+                    pod: "ns/p".into(),
+                    reason: "no group".into(),
+                },
+                json!({"action": "no-scale-up", "pod": "ns/p", "reason": "no group"}),
+            ),
+            (
+                Action::MarkUnneeded {
+                    node: "n1".into(),
+                    since: at,
+                },
+                json!({"action": "mark-unneeded", "node": "n1", "since": "2026-01-01T00:00:00Z"}),
+            ),
+            (
+                Action::ClearUnneeded { node: "n1".into() },
+                json!({"action": "clear-unneeded", "node": "n1"}),
+            ),
+            (
+                Action::ScaleDown {
+                    group: "web".into(),
+                    node: "n1".into(),
+                    machine: "m1".into(),
+                    empty: true,
+                },
+                json!({"action": "scale-down", "group": "web", "node": "n1", "machine": "m1",
+                    "empty": true}),
+            ),
+            (
+                Action::Repair {
+                    group: "web".into(),
+                    machine: "m1".into(),
+                    node: None,
+                    reason: RepairReason::NeverRegistered,
+                },
+                json!({"action": "repair", "group": "web", "machine": "m1", "node": null,
+                    "reason": "never-registered"}),
+            ),
+            (
+                Action::BackOff {
+                    group: "web".into(),
+                    failures: 3,
+                    until: at,
+                },
+                json!({"action": "back-off", "group": "web", "failures": 3,
+                    "until": "2026-01-01T00:00:00Z"}),
+            ),
+            (
+                Action::DeleteNode {
+                    group: "web".into(),
+                    node: "n1".into(),
+                    reason: DeleteNodeReason::ScaledDown,
+                },
+                json!({"action": "delete-node", "group": "web", "node": "n1",
+                    "reason": "scaled-down"}),
+            ),
+            (
+                Action::CancelScaleDown {
+                    group: "web".into(),
+                    node: "n1".into(),
+                },
+                json!({"action": "cancel-scale-down", "group": "web", "node": "n1"}),
+            ),
+            (
+                Action::ClearBackOff {
+                    group: "web".into(),
+                },
+                json!({"action": "clear-back-off", "group": "web"}),
+            ),
+            (
+                Action::GuardHolds {
+                    group: None,
+                    unready: 6,
+                    total: 8,
+                    held: 2,
+                },
+                json!({"action": "guard-holds", "group": null, "unready": 6, "total": 8,
+                    "held": 2}),
+            ),
+        ];
+        for (action, want) in cases {
+            assert_eq!(serde_json::to_value(&action).expect("json"), want);
+        }
     }
 }
