@@ -158,6 +158,27 @@ impl Env {
     }
 }
 
+/// Waits until the scalers have made `n` more passes (each pass lists the pods once), so that a
+/// test can say "nothing happened for n passes" without sleeping for a guessed time.
+async fn passes(env: &Env, n: u64) {
+    let pod_lists = || env.kube.count_requests("list", "pods", "");
+    let target = pod_lists() + n;
+    wait_for(
+        &format!("{n} more scaler passes"),
+        Duration::from_secs(30),
+        || pod_lists() >= target,
+    )
+    .await;
+}
+
+/// Whether pod `name` in `default` is marked Unschedulable (the test scheduler found no room).
+fn unschedulable(env: &Env, name: &str) -> bool {
+    env.kube
+        .get("pods", Some("default"), name)
+        .and_then(|p| p["status"]["conditions"].as_array().cloned())
+        .is_some_and(|cs| cs.iter().any(|c| c["reason"] == "Unschedulable"))
+}
+
 async fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
@@ -357,9 +378,9 @@ async fn a_machine_that_never_boots_is_deleted_and_the_group_backs_off() {
         backoff.contains("\"failures\":1"),
         "back-off recorded: {backoff}"
     );
-    // During the back-off nothing new is created.
+    // During the back-off (2 s; a pass every 100 ms) nothing new is created.
     let created_before = env.servers().len() + env.cherry.deleted().len();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    passes(&env, 3).await;
     assert_eq!(
         env.servers().len() + env.cherry.deleted().len(),
         created_before,
@@ -393,8 +414,8 @@ async fn servers_on_their_way_out_are_neither_deleted_again_nor_members() {
         env.group_nodes().len() == 1
     })
     .await;
-    // Many passes later (scan_interval is 100 ms): still the one machine, nothing deleted.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Many passes later: still the one machine, nothing deleted.
+    passes(&env, 15).await;
     assert_eq!(
         env.servers().len(),
         3,
@@ -474,7 +495,8 @@ async fn provider_errors_and_timeouts_create_no_duplicates() {
     for i in 4..6 {
         env.pod(&format!("load-{i}"), "1500m");
     }
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Two passes against it: each request gives up after request_timeout (2 s).
+    passes(&env, 2).await;
     env.cherry.set_latency(Duration::ZERO);
     wait_for(
         "pods running after the slow spell",
@@ -482,7 +504,7 @@ async fn provider_errors_and_timeouts_create_no_duplicates() {
         || env.running_pods() == 6,
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    passes(&env, 5).await;
     assert_eq!(
         env.servers().len(),
         3,
@@ -514,7 +536,7 @@ async fn a_restart_mid_scale_up_creates_no_duplicates() {
             .is_some_and(|l| l["spec"]["holderIdentity"] == "replica-b")
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    passes(&env, 5).await;
     assert_eq!(
         env.servers().len(),
         4,
@@ -595,7 +617,10 @@ async fn dry_run_changes_nothing() {
     let env = env(|_| {}).await;
     let s = env.scaler("dry", true).await;
     env.pod("load-0", "1");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_for("load-0 unschedulable", Duration::from_secs(10), || {
+        unschedulable(&env, "load-0")
+    })
+    .await;
     let actions = s.pass_once().await.expect("pass");
     assert!(
         actions
@@ -634,6 +659,8 @@ async fn lease_is_held_by_one_identity_at_a_time() {
             "the other follows a live Lease"
         );
     }
+    // Real time must pass here: the Lease's expiry (1 s) on the API server's clock is what is
+    // tested.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(
         loser.try_acquire().await.is_some(),
