@@ -383,37 +383,8 @@ impl Values {
     /// Reads, overrides and validates. `rand8` fills `{{ rand8 }}` in the hostname pattern; the
     /// caller supplies it so this function stays deterministic.
     pub fn build(inputs: Inputs<'_>, rand8: &str) -> Result<Self> {
-        let (mut raw, file_origin) = match inputs.file {
-            Some((path, text)) => (
-                crate::tomlfile::parse::<RawValues>(path, text)?,
-                path.display().to_string(),
-            ),
-            None => (RawValues::default(), "values".to_string()),
-        };
-        if raw.bootstrap_token.is_some() {
-            return Err(Error::Invalid {
-                origin: file_origin,
-                key: "bootstrap_token".into(),
-                problem: "must not be in a values file (values files get shared and committed)"
-                    .into(),
-                expected: "the token in its own 0600 file passed with --token-file, or in NODEWARD_BOOTSTRAP_TOKEN".into(),
-            });
-        }
-        for arg in inputs.sets {
-            apply_set(&mut raw, arg)?;
-        }
-        let token_source = inputs.token.ok_or(Error::Missing {
-            key: "bootstrap_token",
-            hint: "pass --token-file FILE (mode 0600) or set NODEWARD_BOOTSTRAP_TOKEN",
-        })?;
-        let bootstrap_token = BootstrapToken::parse(token_source.token.expose().trim())
-            .ok_or_else(|| Error::Invalid {
-                origin: token_source.origin.clone(),
-                key: "bootstrap_token".into(),
-                problem: "is malformed (value not shown)".into(),
-                expected: TOKEN_FORM.into(),
-            })?;
-
+        let (raw, file_origin) = raw_values(inputs.file, inputs.sets)?;
+        let bootstrap_token = bootstrap_token(inputs.token)?;
         let cluster_name = raw.cluster_name.ok_or(Error::Missing {
             key: "cluster_name",
             hint: "set it in the values file or with --set cluster_name=NAME",
@@ -441,48 +412,15 @@ impl Values {
             key: "package_url",
             hint: "set it to the https URL of the nodeward .deb/.rpm (may contain {ext})",
         })?;
-
-        let hostname = match (raw.hostname, raw.hostname_pattern) {
-            (Some(_), Some(_)) => {
-                return Err(Error::Invalid {
-                    origin: file_origin,
-                    key: "hostname".into(),
-                    problem: "and `hostname_pattern` are both set".into(),
-                    expected: "one of them".into(),
-                });
-            }
-            (Some(h), None) => h,
-            (None, pattern) => expand_hostname_pattern(
-                pattern.as_deref().unwrap_or(DEFAULT_HOSTNAME_PATTERN),
-                &cluster_name.0.0,
-                &node_group.0.0,
-                rand8,
-            )?,
-        };
-        validate::dns_subdomain(&hostname).map_err(|form| Error::Invalid {
-            origin: file_origin.clone(),
-            key: "hostname".into(),
-            problem: format!("{hostname:?} is not a valid node name"),
-            expected: form.into(),
-        })?;
-
-        let mut node_labels = raw.node_labels.unwrap_or_default();
-        for (k, v) in &node_labels {
-            node_label_key(k).map_err(|expected| Error::Invalid {
-                origin: file_origin.clone(),
-                key: format!("node_labels.{k}"),
-                problem: "has an invalid key".into(),
-                expected,
-            })?;
-            validate::label_value(v).map_err(|form| Error::Invalid {
-                origin: file_origin.clone(),
-                key: format!("node_labels.{k}"),
-                problem: format!("value {v:?} is invalid"),
-                expected: form.into(),
-            })?;
-        }
-        node_labels.insert(NODE_GROUP_LABEL.to_string(), node_group.0.0.clone());
-
+        let names = (cluster_name.0.0.as_str(), node_group.0.0.as_str());
+        let hostname = hostname(
+            raw.hostname,
+            raw.hostname_pattern,
+            names,
+            rand8,
+            &file_origin,
+        )?;
+        let node_labels = node_labels(raw.node_labels, &node_group.0.0, &file_origin)?;
         Ok(Self {
             cluster_name: cluster_name.0,
             node_group: node_group.0,
@@ -502,6 +440,104 @@ impl Values {
             extra: raw.extra.unwrap_or_default(),
         })
     }
+}
+
+/// The values file (parsed; it may not hold the token) with the `--set` overrides applied, and
+/// the origin its errors name.
+fn raw_values(file: Option<(&Path, &str)>, sets: &[String]) -> Result<(RawValues, String)> {
+    let (mut raw, file_origin) = match file {
+        Some((path, text)) => (
+            crate::tomlfile::parse::<RawValues>(path, text)?,
+            path.display().to_string(),
+        ),
+        None => (RawValues::default(), "values".to_string()),
+    };
+    if raw.bootstrap_token.is_some() {
+        return Err(Error::Invalid {
+            origin: file_origin,
+            key: "bootstrap_token".into(),
+            problem: "must not be in a values file (values files get shared and committed)".into(),
+            expected: "the token in its own 0600 file passed with --token-file, or in NODEWARD_BOOTSTRAP_TOKEN".into(),
+        });
+    }
+    for arg in sets {
+        apply_set(&mut raw, arg)?;
+    }
+    Ok((raw, file_origin))
+}
+
+/// The token from its file or the environment, parsed; a malformed one is refused unshown.
+fn bootstrap_token(source: Option<TokenSource>) -> Result<BootstrapToken> {
+    let source = source.ok_or(Error::Missing {
+        key: "bootstrap_token",
+        hint: "pass --token-file FILE (mode 0600) or set NODEWARD_BOOTSTRAP_TOKEN",
+    })?;
+    BootstrapToken::parse(source.token.expose().trim()).ok_or_else(|| Error::Invalid {
+        origin: source.origin.clone(),
+        key: "bootstrap_token".into(),
+        problem: "is malformed (value not shown)".into(),
+        expected: TOKEN_FORM.into(),
+    })
+}
+
+/// The node's name: `hostname`, or `hostname_pattern` (default [`DEFAULT_HOSTNAME_PATTERN`])
+/// expanded for (cluster, group); never both; a valid node name either way.
+fn hostname(
+    hostname: Option<String>,
+    pattern: Option<String>,
+    (cluster, group): (&str, &str),
+    rand8: &str,
+    origin: &str,
+) -> Result<String> {
+    let hostname = match (hostname, pattern) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Invalid {
+                origin: origin.to_string(),
+                key: "hostname".into(),
+                problem: "and `hostname_pattern` are both set".into(),
+                expected: "one of them".into(),
+            });
+        }
+        (Some(h), None) => h,
+        (None, pattern) => expand_hostname_pattern(
+            pattern.as_deref().unwrap_or(DEFAULT_HOSTNAME_PATTERN),
+            cluster,
+            group,
+            rand8,
+        )?,
+    };
+    validate::dns_subdomain(&hostname).map_err(|form| Error::Invalid {
+        origin: origin.to_string(),
+        key: "hostname".into(),
+        problem: format!("{hostname:?} is not a valid node name"),
+        expected: form.into(),
+    })?;
+    Ok(hostname)
+}
+
+/// The node's labels, each key and value checked, plus the group label.
+fn node_labels(
+    labels: Option<BTreeMap<String, String>>,
+    group: &str,
+    origin: &str,
+) -> Result<BTreeMap<String, String>> {
+    let mut labels = labels.unwrap_or_default();
+    for (k, v) in &labels {
+        node_label_key(k).map_err(|expected| Error::Invalid {
+            origin: origin.to_string(),
+            key: format!("node_labels.{k}"),
+            problem: "has an invalid key".into(),
+            expected,
+        })?;
+        validate::label_value(v).map_err(|form| Error::Invalid {
+            origin: origin.to_string(),
+            key: format!("node_labels.{k}"),
+            problem: format!("value {v:?} is invalid"),
+            expected: form.into(),
+        })?;
+    }
+    labels.insert(NODE_GROUP_LABEL.to_string(), group.to_string());
+    Ok(labels)
 }
 
 /// Parses one `--set` value with its rule, naming the key on failure.
