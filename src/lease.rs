@@ -227,44 +227,7 @@ impl Elector {
             }
         };
         let decision = step(record.as_ref(), &self.me, observed_at, read_at);
-        let result = match (&decision, current) {
-            (Step::Create, _) => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(self.name.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    spec: Some(LeaseSpec {
-                        holder_identity: Some(self.me.clone()),
-                        lease_duration_seconds: Some(secs),
-                        acquire_time: micro(now),
-                        renew_time: micro(now),
-                        lease_transitions: Some(0),
-                        ..LeaseSpec::default()
-                    }),
-                };
-                self.api.create(&PostParams::default(), &lease).await
-            }
-            (Step::Renew | Step::TakeOver, Some(mut lease)) => {
-                let spec = lease.spec.get_or_insert_default();
-                if decision == Step::TakeOver {
-                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-                    spec.acquire_time = micro(now);
-                    spec.holder_identity = Some(self.me.clone());
-                }
-                spec.renew_time = micro(now);
-                spec.lease_duration_seconds = Some(secs);
-                // replace carries metadata.resourceVersion: a concurrent writer makes it 409.
-                self.api
-                    .replace(&self.name, &PostParams::default(), &lease)
-                    .await
-            }
-            (Step::Follow { holder }, _) => {
-                debug!(lease = %self.name, holder = %holder, "following");
-                return None;
-            }
-            (_, None) => return None,
-        };
+        let result = self.write(&decision, current, now, secs).await?;
         match result {
             Ok(written) => {
                 if decision == Step::TakeOver || decision == Step::Create {
@@ -281,6 +244,57 @@ impl Elector {
                 warn!(lease = %self.name, error = %e, "cannot write the leader Lease");
                 None
             }
+        }
+    }
+
+    /// The write a step asks for: a new Lease, or ours renewed or taken over (guarded by the
+    /// resourceVersion read); `None` when the step writes nothing.
+    async fn write(
+        &self,
+        decision: &Step,
+        current: Option<Lease>,
+        now: Timestamp,
+        secs: i32,
+    ) -> Option<kube::Result<Lease>> {
+        match (decision, current) {
+            (Step::Create, _) => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.name.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(LeaseSpec {
+                        holder_identity: Some(self.me.clone()),
+                        lease_duration_seconds: Some(secs),
+                        acquire_time: micro(now),
+                        renew_time: micro(now),
+                        lease_transitions: Some(0),
+                        ..LeaseSpec::default()
+                    }),
+                };
+                Some(self.api.create(&PostParams::default(), &lease).await)
+            }
+            (Step::Renew | Step::TakeOver, Some(mut lease)) => {
+                let spec = lease.spec.get_or_insert_default();
+                if *decision == Step::TakeOver {
+                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                    spec.acquire_time = micro(now);
+                    spec.holder_identity = Some(self.me.clone());
+                }
+                spec.renew_time = micro(now);
+                spec.lease_duration_seconds = Some(secs);
+                // replace carries metadata.resourceVersion: a concurrent writer makes it 409.
+                Some(
+                    self.api
+                        .replace(&self.name, &PostParams::default(), &lease)
+                        .await,
+                )
+            }
+            (Step::Follow { holder }, _) => {
+                debug!(lease = %self.name, holder = %holder, "following");
+                None
+            }
+            (_, None) => None,
         }
     }
 
