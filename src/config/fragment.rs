@@ -320,6 +320,28 @@ fragment!(
     }
 );
 
+impl CherryFragment {
+    fn into_settings(self, d: CherrySettings) -> CherrySettings {
+        CherrySettings {
+            api_url: self.api_url.map_or(d.api_url, |u| u.0),
+            project_id: self.project_id.or(d.project_id),
+            token_file: self.token_file.or(d.token_file),
+            request_timeout: self.request_timeout.map_or(d.request_timeout, |t| t.0),
+        }
+    }
+}
+
+impl ExecFragment {
+    fn into_settings(self, d: ExecSettings) -> ExecSettings {
+        ExecSettings {
+            create: self.create.map_or(d.create, |a| a.0),
+            delete: self.delete.map_or(d.delete, |a| a.0),
+            list: self.list.map_or(d.list, |a| a.0),
+            timeout: self.timeout.map_or(d.timeout, |t| t.0),
+        }
+    }
+}
+
 impl ScalerFragment {
     /// Merges the nested tables key by key too (plain `merge` would replace them whole).
     fn merge_nested(&mut self, mut later: Self) {
@@ -399,20 +421,8 @@ impl ScalerFragment {
             namespace: self.namespace.map_or(d.namespace, |l| l.0),
             lease_name: self.lease_name.map_or(d.lease_name, |l| l.0),
             lease_duration: self.lease_duration.map_or(d.lease_duration, |t| t.0),
-            cherry: CherrySettings {
-                api_url: cherry.api_url.map_or(d.cherry.api_url, |u| u.0),
-                project_id: cherry.project_id.or(d.cherry.project_id),
-                token_file: cherry.token_file.or(d.cherry.token_file),
-                request_timeout: cherry
-                    .request_timeout
-                    .map_or(d.cherry.request_timeout, |t| t.0),
-            },
-            exec: ExecSettings {
-                create: exec.create.map_or(d.exec.create, |a| a.0),
-                delete: exec.delete.map_or(d.exec.delete, |a| a.0),
-                list: exec.list.map_or(d.exec.list, |a| a.0),
-                timeout: exec.timeout.map_or(d.exec.timeout, |t| t.0),
-            },
+            cherry: cherry.into_settings(d.cherry),
+            exec: exec.into_settings(d.exec),
             groups: self.groups.map_or(d.groups, |g| {
                 g.0.into_iter()
                     .map(|e| e.resolve(&group_defaults, pool_label))
