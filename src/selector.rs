@@ -164,6 +164,23 @@ impl SelectorView {
     }
 }
 
+/// Whether a `LabelSelector` selects these labels, read where it stands: the verdict of
+/// `SelectorView::from_selector(s).selects(labels)` (the same operators, parsed the same way)
+/// without copying the selector, for a caller that asks once per pod and budget, as the drain
+/// does at every step.
+pub fn label_selector_selects(s: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    s.match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v))
+        && s.match_expressions.iter().flatten().all(|e| {
+            SelectorOperator::of_label_selector(&e.operator).selects(
+                e.values.as_deref().unwrap_or_default(),
+                labels.get(&e.key).map(String::as_str),
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -493,7 +493,7 @@ pub fn fallback_margin(total: Duration) -> Duration {
 /// ([`crate::selector::SelectorView::selects`]), so the two never disagree on which pods a budget
 /// covers. An empty selector selects everything, as in policy/v1.
 pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    crate::selector::SelectorView::from_selector(selector).selects(labels)
+    crate::selector::label_selector_selects(selector, labels)
 }
 
 /// The budgets in `namespace` that select a pod with `labels`.
