@@ -779,6 +779,9 @@ async fn apply_surge_rbac(admin: &kube::Client) -> Vec<String> {
 /// shorter than one of its polls cannot slip through unseen.
 const POLL: Duration = Duration::from_millis(10);
 
+/// A finalizer the surge test puts on a pod to keep it Terminating after its eviction.
+const HOLD: &str = "nodeward.test/hold";
+
 fn watch_ready_endpoints(
     admin: kube::Client,
     ns: String,
@@ -825,6 +828,11 @@ fn watch_ready_endpoints(
 /// allows no disruption. One drain: a client polling ready endpoints every 10 ms sees the plain
 /// one without a ready endpoint for a while, and the surged one never; the surged Deployment's
 /// replica count is back to 1 when the drain returns.
+///
+/// The surged pod is held Terminating by a finalizer after its eviction: the extra replica must
+/// stay out until the pod is gone. Given back at the eviction, the ReplicaSet controller could
+/// scale down before it saw the pod terminating, and it takes the newest Ready pod first: the
+/// replacement (CI saw solo without a ready endpoint for 981 ms that way).
 async fn surge_keeps_a_single_replica_serving(cluster: Cluster) {
     let (admin, ns, target, spare) = setup(&cluster, 1).await;
     let rbac = apply_surge_rbac(&admin).await;
@@ -858,10 +866,22 @@ async fn surge_keeps_a_single_replica_serving(cluster: Cluster) {
         )
         .await;
     }
-    wait_pods(&admin, &ns, "solo", "solo Ready on the target", |p| {
+    let solo = wait_pods(&admin, &ns, "solo", "solo Ready on the target", |p| {
         p.len() == 1 && ready(&p[0]) && node_of(&p[0]) == Some(target.as_str())
     })
     .await;
+    let held = solo[0].metadata.name.clone().expect("pod name");
+    let pods = Api::<Pod>::namespaced(admin.clone(), &ns);
+    let hold = |finalizers: serde_json::Value| {
+        let patch = json!({"metadata": {"finalizers": finalizers}});
+        let (pods, held) = (pods.clone(), held.clone());
+        async move {
+            pods.patch(&held, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("patch the solo pod's finalizers");
+        }
+    };
+    hold(json!([HOLD])).await;
     nodeward::drain::uncordon(&admin, &spare, true)
         .await
         .expect("uncordon spare");
@@ -873,12 +893,42 @@ async fn surge_keeps_a_single_replica_serving(cluster: Cluster) {
     // Both serve before the drain (the watchers' first polls would count a gap otherwise).
     tokio::time::sleep(Duration::from_secs(1)).await;
     let t0 = std::time::Instant::now();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
         .args(["drain", &target, "--timeout", "60s", "--kubeconfig"])
         .arg(cluster.node_kubeconfig(&target))
         .env("RUST_LOG", "info")
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run nodeward drain");
+    let drained = tokio::task::spawn_blocking(move || child.wait_with_output());
+    // Evicted and held: the ReplicaSet, still asked for two, starts a third pod, and the
+    // Deployment keeps its extra replica while the evicted pod is there.
+    wait_pods(
+        &admin,
+        &ns,
+        "solo",
+        "the evicted solo pod held Terminating, two others Ready",
+        |p| {
+            p.iter().filter(|p| ready(p)).count() == 2
+                && p.iter().any(|p| {
+                    p.metadata.name.as_deref() == Some(held.as_str())
+                        && p.metadata.deletion_timestamp.is_some()
+                })
+        },
+    )
+    .await;
+    let held_replicas = Api::<Deployment>::namespaced(admin.clone(), &ns)
+        .get("solo")
+        .await
+        .expect("solo")
+        .spec
+        .and_then(|s| s.replicas);
+    hold(serde_json::Value::Null).await;
+    let out = drained
+        .await
+        .expect("drain task")
+        .expect("wait for nodeward drain");
     let took = t0.elapsed();
     let log = common::output_text(&out);
     assert!(out.status.success(), "{log}");
@@ -919,6 +969,11 @@ async fn surge_keeps_a_single_replica_serving(cluster: Cluster) {
         gaps.insert(svc, gap);
     }
     eprintln!("drain of both in {took:?}");
+    assert_eq!(
+        held_replicas,
+        Some(2),
+        "the surge's replica stays out while the evicted pod is still there"
+    );
     assert_eq!(replicas, Some(1), "the surge's replica was given back");
     assert!(
         gaps["web"] > Duration::ZERO,

@@ -852,7 +852,11 @@ impl<'a> Drain<'a> {
                 surges.end(self.client, uid);
             }
             // A relist replaced the set: whatever it lacks is gone.
-            watcher::Event::InitDone => schedule.observe(&uids(pods)),
+            watcher::Event::InitDone => {
+                let present = uids(pods);
+                surges.end_all_but(self.client, &present);
+                schedule.observe(&present);
+            }
             watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
         Ok(())
@@ -1112,9 +1116,10 @@ impl<'a> Drain<'a> {
         let verdict = schedule.evict_answered(&pod.uid, &answer, matching, Instant::now());
         if schedule
             .get(&pod.uid)
-            .is_some_and(|t| matches!(t.state, PodState::Leaving | PodState::Gone))
+            .is_some_and(|t| t.state == PodState::Gone)
         {
-            // Evicted: its surge's replica goes back (the replacement already serves).
+            // Gone already (a 404): its surge's replica goes back. An accepted eviction keeps
+            // the replica out until the watch sees the pod deleted ([`Surges`]).
             surges.end(self.client, &pod.uid);
         }
         match verdict {

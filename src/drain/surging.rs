@@ -205,14 +205,33 @@ impl Surges {
         }
     }
 
-    /// The pod's surge is over (it was evicted or went, or the drain stopped waiting): the
-    /// Deployment's replica goes back, in a task of its own.
+    /// The pod's surge is over (the pod is gone, or the drain stopped waiting for its
+    /// replacement): the Deployment's replica goes back, in a task of its own.
+    ///
+    /// Not at the eviction: until the ReplicaSet controller has seen the evicted pod
+    /// terminating, it still counts it, and a scale-down then removes the newest Ready pod,
+    /// which is the replacement. Once the pod is deleted, the controller has long seen it
+    /// terminating and started another pod for the replica the drain still holds out; the
+    /// scale-down removes that one (or the replacement, with the other one Ready).
     pub fn end(&mut self, client: &Client, uid: &str) {
         if let Some(e) = self.live.remove(uid) {
             let client = client.clone();
             self.giving_back.push(tokio::spawn(async move {
                 give_back(&client, &e.surged).await;
             }));
+        }
+    }
+
+    /// A relist of the node's pods: the surges of the pods it lacks are over ([`Self::end`]).
+    pub fn end_all_but(&mut self, client: &Client, present: &std::collections::BTreeSet<String>) {
+        let gone: Vec<String> = self
+            .live
+            .keys()
+            .filter(|uid| !present.contains(*uid))
+            .cloned()
+            .collect();
+        for uid in gone {
+            self.end(client, &uid);
         }
     }
 
