@@ -413,6 +413,51 @@ async fn noderestriction_refuses_a_nodes_taint_change(cluster: Cluster) {
     cluster.remove_node(&other).await;
 }
 
+/// SIGTERM while the API server does not answer (frozen, or partitioned away): the controller
+/// exits at once, its taint write in flight dropped (the write is guarded, and the next replica
+/// or start repeats it). It awaited that write before it looked at the signal again: on a real
+/// node, its pods outlived their SIGTERM and held a power-off past the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_is_prompt_while_the_api_server_does_not_answer() {
+    let cluster = Cluster::emulator().await;
+    let emu = cluster.emu().expect("emulator");
+    let node = unique("frozen");
+    cluster.add_node(&node, &[], startup_taint()).await;
+    let mut c = controller(&cluster, &[]);
+    tokio::task::block_in_place(|| c.wait_for_log("nodes listed", LIMIT));
+    emu.set_latency(Duration::from_secs(600));
+    // Written in the emulator's store, not through its (frozen) API: the watch delivers it.
+    emu.modify("nodes", None, &node, |n| {
+        n["status"]["conditions"] = json!([{"type": CONDITION_TYPE, "status": "True",
+            "reason": "GatesPassed", "message": "test",
+            "lastHeartbeatTime": jiff::Timestamp::now().to_string(),
+            "lastTransitionTime": jiff::Timestamp::now().to_string()}]);
+    })
+    .expect("report ready");
+    let t0 = std::time::Instant::now();
+    while !emu
+        .held_requests()
+        .iter()
+        .any(|(verb, resource)| verb == "patch" && resource == "nodes")
+    {
+        assert!(t0.elapsed() < LIMIT, "the controller never wrote the taint");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let t0 = std::time::Instant::now();
+    tokio::task::block_in_place(|| c.stop());
+    let took = t0.elapsed();
+    emu.set_latency(Duration::ZERO);
+    let log = c.log_text();
+    assert!(
+        log.contains("readiness controller stopped"),
+        "stopped on its own, not killed after {took:?}:\n{log}"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "stopped {took:?} after SIGTERM"
+    );
+}
+
 both_backends! {
     agent_reports_and_the_controller_untaints => super::agent_reports_controller_untaints;
     continuous_mode_puts_the_taint_back => super::gate_failure_taints_again;

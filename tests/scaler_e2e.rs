@@ -1055,6 +1055,52 @@ async fn a_graceful_shutdown_releases_the_lease() {
     );
 }
 
+/// SIGTERM while the API server does not answer (frozen, or partitioned away): the scaler stops
+/// within seconds, not after its requests' deadlines. A pass in flight is dropped as a crash
+/// would drop it (its writes are fenced by the Lease), and the Lease's release is bounded: the
+/// next replica takes the Lease when it expires. On a real node, a scaler pod that outlived its
+/// SIGTERM this way held a power-off 31 s past the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_is_prompt_while_the_api_server_does_not_answer() {
+    let env = env(|_| {}).await;
+    let s = env.scaler("replica-a", false).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        s.run(async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    passes(&env, 2).await;
+    env.kube.set_latency(Duration::from_secs(600));
+    // The pass's requests, not the election's (which reads and writes only the Lease).
+    wait_for(
+        "a pass stuck on the API server",
+        Duration::from_secs(10),
+        || {
+            env.kube
+                .held_requests()
+                .iter()
+                .any(|(_, resource)| resource != "leases")
+        },
+    )
+    .await;
+    let t0 = Instant::now();
+    let _ = stop.send(());
+    let ended = tokio::time::timeout(Duration::from_secs(60), task).await;
+    let took = t0.elapsed();
+    env.kube.set_latency(Duration::ZERO);
+    let bound = nodeward::scaler::run::RELEASE_LIMIT + Duration::from_secs(2);
+    assert!(
+        took < bound,
+        "stopped {took:?} after the signal (bound {bound:?}); ended: {ended:?}"
+    );
+    ended
+        .expect("stopped")
+        .expect("joins")
+        .expect("a clean stop");
+}
+
 /// Under systemd (`Type=notify`, `WatchdogSec=`): the scaler says READY=1 once it runs, then
 /// WATCHDOG=1 from its loop while that loop makes progress. Without READY=1, `systemctl start
 /// nodeward-scaler` waited for it until the start timed out, and restarted it for ever.

@@ -61,14 +61,12 @@ pub async fn run(
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut synced = false;
     loop {
-        tokio::select! {
+        let work = tokio::select! {
             () = &mut shutdown => break,
-            _ = resync.tick(), if synced => catch_up(&client, &store, &opts).await,
+            _ = resync.tick(), if synced => Work::CatchUp,
             ev = events.next() => match ev {
-                Some(Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {
-                    if synced {
-                        act(&client, &n, &opts).await;
-                    }
+                Some(Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) if synced => {
+                    Work::Act(Box::new(n))
                 }
                 Some(Ok(watcher::Event::InitDone)) => {
                     if !synced {
@@ -77,16 +75,40 @@ pub async fn run(
                         crate::systemd::notify(&[sd_notify::NotifyState::Ready]);
                     }
                     synced = true;
-                    catch_up(&client, &store, &opts).await;
+                    Work::CatchUp
                 }
-                Some(Ok(watcher::Event::Delete(_) | watcher::Event::Init)) => {}
-                Some(Err(e)) => warn!(error = %e, "node watch failed; retrying"),
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => {
+                    warn!(error = %e, "node watch failed; retrying");
+                    continue;
+                }
                 None => anyhow::bail!("the node watch ended"),
             },
+        };
+        let done = async {
+            match work {
+                Work::Act(n) => act(&client, &n, &opts).await,
+                Work::CatchUp => catch_up(&client, &store, &opts).await,
+            }
+        };
+        // The signal drops a write in flight: an API server that does not answer must not hold
+        // the stop. Each write is guarded; the next replica or start repeats it.
+        tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            () = done => {}
         }
     }
     info!("readiness controller stopped");
     Ok(())
+}
+
+/// What the loop does next, once it has picked it.
+enum Work {
+    /// Reconcile one node that changed.
+    Act(Box<Node>),
+    /// Reconcile every node (after a list, and every [`RESYNC`]).
+    CatchUp,
 }
 
 async fn catch_up(client: &kube::Client, store: &Store<Node>, opts: &Options) {

@@ -325,21 +325,27 @@ impl<P: Provider + 'static> Scaler<P> {
         loop {
             inner.metrics.liveness.beat();
             let next = Instant::now() + s.scan_interval;
-            if inner.is_leader() {
-                if let Err(e) = inner.clone().pass().await {
-                    error!(error = %e, "pass failed; retrying next pass");
-                }
-            } else {
-                debug!("not the leader; waiting");
+            // The signal drops a pass in flight, as a crash would: its writes are fenced by the
+            // Lease, and the next leader's pass starts from what the API server holds.
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                () = inner.clone().turn() => {}
             }
             tokio::select! {
+                biased;
                 () = &mut shutdown => break,
                 () = tokio::time::sleep_until(next) => {}
             }
         }
         crate::systemd::notify(&[sd_notify::NotifyState::Stopping]);
         drop(_election);
-        inner.elector.release().await;
+        if tokio::time::timeout(RELEASE_LIMIT, inner.elector.release())
+            .await
+            .is_err()
+        {
+            warn!(limit = ?RELEASE_LIMIT, "the API server did not answer the Lease's release; the next replica takes it when it expires");
+        }
         info!("scaler stopped");
         Ok(())
     }
@@ -355,6 +361,11 @@ impl<P: Provider + 'static> Scaler<P> {
         self.inner.clone().pass().await
     }
 }
+
+/// How long a stopping scaler waits to give its Lease back: an API server that does not answer
+/// must not hold the stop (systemd's or the kubelet's SIGKILL would come first); the next
+/// replica then takes the Lease once it expires.
+pub const RELEASE_LIMIT: Duration = Duration::from_secs(2);
 
 /// How long one turn of the loop may take before the scaler counts as stalled: two scan
 /// intervals, plus twice the longest a provider call or a Kubernetes request may take (a pass
@@ -585,6 +596,17 @@ impl<P: Provider + 'static> Inner<P> {
             &pods.iter().collect::<Vec<_>>(),
             &budgets,
         ))
+    }
+
+    /// One turn of the loop: a pass if this replica leads, a failed one logged.
+    async fn turn(self: Arc<Self>) {
+        if !self.is_leader() {
+            debug!("not the leader; waiting");
+            return;
+        }
+        if let Err(e) = self.pass().await {
+            error!(error = %e, "pass failed; retrying next pass");
+        }
     }
 
     async fn pass(self: Arc<Self>) -> Result<Vec<Action>> {

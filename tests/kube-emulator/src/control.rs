@@ -83,6 +83,20 @@ struct FaultState {
     rules: Vec<(u64, FaultRule)>,
     next_id: u64,
     latency: Duration,
+    /// Requests the latency holds now: (id, verb, resource).
+    held: Vec<(u64, String, String)>,
+}
+
+/// Counts a request in [`Faults::held`] until it is dropped (answered, or its client gone).
+struct Held<'a> {
+    faults: &'a Faults,
+    id: u64,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.faults.lock().held.retain(|(i, _, _)| *i != self.id);
+    }
 }
 
 /// The fault rules and added latency.
@@ -132,6 +146,32 @@ impl Faults {
     /// Current added latency.
     pub fn latency(&self) -> Duration {
         self.lock().latency
+    }
+
+    /// Holds a request for the added latency (if any), counted in [`Self::held`] meanwhile.
+    pub async fn hold(&self, verb: &str, resource: &str) {
+        let (latency, id) = {
+            let mut st = self.lock();
+            if st.latency.is_zero() {
+                return;
+            }
+            st.next_id += 1;
+            let id = st.next_id;
+            st.held.push((id, verb.to_string(), resource.to_string()));
+            (st.latency, id)
+        };
+        let _held = Held { faults: self, id };
+        tokio::time::sleep(latency).await;
+    }
+
+    /// The requests the added latency holds now, as (verb, resource): a test waits for one to be
+    /// in flight instead of sleeping for a guessed time.
+    pub fn held(&self) -> Vec<(String, String)> {
+        self.lock()
+            .held
+            .iter()
+            .map(|(_, v, r)| (v.clone(), r.clone()))
+            .collect()
     }
 
     /// The failure to answer for a request, if a rule fires.

@@ -503,6 +503,11 @@ impl EmulatorHandle {
         self.shared.faults.set_latency(d);
     }
 
+    /// The requests the added latency holds now, as (verb, resource), e.g. `("list", "pods")`.
+    pub fn held_requests(&self) -> Vec<(String, String)> {
+        self.shared.faults.held()
+    }
+
     /// Ends every open watch (clients see the stream end and re-watch).
     pub fn close_watches(&self) {
         self.shared.close_watches();

@@ -408,10 +408,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Bod
         ),
         _ => (String::new(), None, None),
     };
-    let latency = shared.faults.latency();
-    if !latency.is_zero() {
-        tokio::time::sleep(latency).await;
-    }
+    shared.faults.hold(verb, &resource).await;
     let resp = match shared.faults.check(verb, &resource) {
         Some(e) => error_response(&e),
         None => match dispatch(&shared, req, route, &query, watch).await {
