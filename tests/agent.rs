@@ -938,7 +938,15 @@ async fn logind_a_frozen_api_server_does_not_hold_the_shutdown_answer() {
     emu.set_latency(Duration::from_secs(600));
     // Gates pass: the agent writes its condition, and that request hangs.
     agent.write_flannel();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t0 = Instant::now();
+    while !emu
+        .held_requests()
+        .iter()
+        .any(|(verb, resource)| verb == "patch" && resource.starts_with("nodes"))
+    {
+        assert!(t0.elapsed() < cap, "the agent never wrote its condition");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let t0 = Instant::now();
     h.power_off().await.expect("PowerOff");
     h.wait_for_inhibitors(cap, |l| ours(l) == 0)
