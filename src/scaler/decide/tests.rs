@@ -2008,12 +2008,12 @@ mod phases {
         snap.nodes[0].unneeded_since = Some(at(-60));
         let cx = Context::new(&snap, t0(), &s);
         let mut plan = Plan::new(&cx);
-        scale_down(&cx, &mut plan);
+        scale_down::scale_down(&cx, &mut plan);
         assert_eq!(scale_downs(&plan.actions), ["idle"]);
         assert_eq!(plan.size, [0]);
         let mut plan = Plan::new(&cx);
         plan.planned[0] = 1;
-        scale_down(&cx, &mut plan);
+        scale_down::scale_down(&cx, &mut plan);
         assert!(scale_downs(&plan.actions).is_empty(), "{:?}", plan.actions);
     }
 }
