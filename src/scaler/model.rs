@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod, PodAffinityTerm, PodSpec, Toleration};
+use k8s_openapi::api::core::v1::{Node, Pod, PodAffinityTerm, PodSpec, PodStatus, Toleration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 pub use crate::drain::plan::{Fate, LeaveRules, PodFacts, SkipReason};
@@ -575,15 +575,10 @@ fn constraints(
     (c != PodConstraints::default()).then(|| Box::new(c))
 }
 
-/// Converts a Pod; `None` for a finished pod (Succeeded or Failed), which holds no resources.
-pub fn pod_view(pod: &Pod, leave: &LeaveContext<'_>) -> Option<PodView> {
-    let status = pod.status.as_ref();
-    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
-    if phase == "Succeeded" || phase == "Failed" {
-        return None;
-    }
-    let spec = pod.spec.as_ref()?;
-    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+/// What the pod asks of a node: its containers' requests summed, each dimension raised to an
+/// init container's where that is larger, plus the pod's overhead, and one pod slot.
+#[inline]
+fn pod_requests(spec: &PodSpec) -> Resources {
     let mut requests = Resources::default();
     let container_requests = |c: &k8s_openapi::api::core::v1::Container| {
         c.resources
@@ -604,8 +599,14 @@ pub fn pod_view(pod: &Pod, leave: &LeaveContext<'_>) -> Option<PodView> {
         ));
     }
     requests.pods = 1;
-    let affinity_terms = spec
-        .affinity
+    requests
+}
+
+/// The pod's required node affinity: one list of requirements per node selector term, its
+/// expressions then its fields; a node must meet every requirement of some term.
+#[inline]
+fn required_node_affinity(spec: &PodSpec) -> Vec<Vec<Requirement>> {
+    spec.affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
         .and_then(|na| {
@@ -632,8 +633,14 @@ pub fn pod_view(pod: &Pod, leave: &LeaveContext<'_>) -> Option<PodView> {
                 })
                 .collect()
         })
-        .unwrap_or_default();
-    let unschedulable = spec.node_name.is_none()
+        .unwrap_or_default()
+}
+
+/// Whether the scheduler found no node for the pod: it is not bound, and its `PodScheduled`
+/// condition is `False` with reason `Unschedulable`.
+#[inline]
+fn is_unschedulable(spec: &PodSpec, status: Option<&PodStatus>) -> bool {
+    spec.node_name.is_none()
         && status
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| {
@@ -642,7 +649,21 @@ pub fn pod_view(pod: &Pod, leave: &LeaveContext<'_>) -> Option<PodView> {
                         && c.status == "False"
                         && c.reason.as_deref() == Some("Unschedulable")
                 })
-            });
+            })
+}
+
+/// Converts a Pod; `None` for a finished pod (Succeeded or Failed), which holds no resources.
+pub fn pod_view(pod: &Pod, leave: &LeaveContext<'_>) -> Option<PodView> {
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    if phase == "Succeeded" || phase == "Failed" {
+        return None;
+    }
+    let spec = pod.spec.as_ref()?;
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let requests = pod_requests(spec);
+    let affinity_terms = required_node_affinity(spec);
+    let unschedulable = is_unschedulable(spec, status);
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let fate = crate::drain::plan::fate(&PodFacts::of(pod), &namespace, leave.rules, &|ns, n| {
         leave.daemonset_exists(ns, n)
