@@ -7,7 +7,7 @@
 //! stopped.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -180,6 +180,67 @@ fn sets_for(g: &GroupSettings, s: &ScalerSettings) -> Vec<String> {
     sets
 }
 
+/// Reads each group's template, fills its capacity from the provider's plans where the config
+/// leaves it out, and renders it once with a throwaway token, so a broken one fails at start.
+async fn load_templates(
+    provider: &impl Provider,
+    s: &mut ScalerSettings,
+    values_path: &Path,
+    values_text: &str,
+) -> Result<BTreeMap<String, GroupTemplate>> {
+    let mut templates = BTreeMap::new();
+    let mut groups = std::mem::take(&mut s.groups);
+    for g in &mut groups {
+        let text = std::fs::read_to_string(&g.template).map_err(|source| Error::Read {
+            path: g.template.clone(),
+            source,
+        })?;
+        fill_capacity(provider, g).await;
+        let template = GroupTemplate {
+            name: g.template.display().to_string(),
+            text,
+        };
+        let trial = token::generate(&mut rand::rng());
+        let values = build_values(values_path, values_text, g, s, &trial)?;
+        crate::render::render(&template.name, &template.text, &values).map_err(|source| {
+            Error::Render {
+                group: g.name.clone(),
+                source,
+            }
+        })?;
+        templates.insert(g.name.clone(), template);
+    }
+    s.groups = groups;
+    Ok(templates)
+}
+
+/// Fills the cpu and memory the group's config leaves out from its plan's, as the provider
+/// reports them; a group still without them cannot scale up from zero, which is logged.
+async fn fill_capacity(provider: &impl Provider, g: &mut GroupSettings) {
+    let r = &mut g.capacity.resources;
+    if (r.cpu_milli == 0 || r.memory == 0) && !g.plan.is_empty() {
+        match provider.plan_capacity(&g.plan).await {
+            Ok(Some(plan)) => {
+                if r.cpu_milli == 0 {
+                    r.cpu_milli = plan.cpu_milli;
+                }
+                if r.memory == 0 {
+                    r.memory = plan.memory;
+                }
+            }
+            Ok(None) => {
+                warn!(group = %g.name, plan = %g.plan, "the provider does not know the plan; set capacity in the group")
+            }
+            Err(e) => {
+                warn!(group = %g.name, error = %e, "cannot read plans; set capacity in the group")
+            }
+        }
+    }
+    if g.capacity.resources.cpu_milli == 0 || g.capacity.resources.memory == 0 {
+        warn!(group = %g.name, "no cpu/memory capacity known: the group cannot scale up from zero");
+    }
+}
+
 impl<P: Provider + 'static> Scaler<P> {
     /// Reads the values file and every group's template, fills capacities from the provider's
     /// plans where the config leaves them out, and renders each group once with a throwaway
@@ -202,50 +263,7 @@ impl<P: Provider + 'static> Scaler<P> {
                 source,
             })?
         };
-        let mut templates = BTreeMap::new();
-        let mut groups = std::mem::take(&mut s.groups);
-        for g in &mut groups {
-            let text = std::fs::read_to_string(&g.template).map_err(|source| Error::Read {
-                path: g.template.clone(),
-                source,
-            })?;
-            let r = &mut g.capacity.resources;
-            if (r.cpu_milli == 0 || r.memory == 0) && !g.plan.is_empty() {
-                match provider.plan_capacity(&g.plan).await {
-                    Ok(Some(plan)) => {
-                        if r.cpu_milli == 0 {
-                            r.cpu_milli = plan.cpu_milli;
-                        }
-                        if r.memory == 0 {
-                            r.memory = plan.memory;
-                        }
-                    }
-                    Ok(None) => {
-                        warn!(group = %g.name, plan = %g.plan, "the provider does not know the plan; set capacity in the group")
-                    }
-                    Err(e) => {
-                        warn!(group = %g.name, error = %e, "cannot read plans; set capacity in the group")
-                    }
-                }
-            }
-            if g.capacity.resources.cpu_milli == 0 || g.capacity.resources.memory == 0 {
-                warn!(group = %g.name, "no cpu/memory capacity known: the group cannot scale up from zero");
-            }
-            let template = GroupTemplate {
-                name: g.template.display().to_string(),
-                text,
-            };
-            let trial = token::generate(&mut rand::rng());
-            let values = build_values(&values_path, &values_text, g, &s, &trial)?;
-            crate::render::render(&template.name, &template.text, &values).map_err(|source| {
-                Error::Render {
-                    group: g.name.clone(),
-                    source,
-                }
-            })?;
-            templates.insert(g.name.clone(), template);
-        }
-        s.groups = groups;
+        let templates = load_templates(&provider, &mut s, &values_path, &values_text).await?;
         // The machine is deleted after the drain: its pods' scratch data goes with it.
         let drain = DrainOptions::for_leaving_node(&settings.drain, SCALE_DOWN_REASON, false);
         let elector = Elector::new(
