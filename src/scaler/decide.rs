@@ -581,6 +581,28 @@ struct Expansion {
     waste: f64,
 }
 
+impl Expansion {
+    /// Its pods are placed: on its new nodes in the topology (hostnames taken in order), and no
+    /// longer `remaining`.
+    fn place(&self, topo: &mut Topology, remaining: &mut [bool], unplaced_q: &[usize]) {
+        let first_host = topo.peek_host();
+        for _ in 0..self.nodes {
+            topo.take_host();
+        }
+        for (&pi, &j) in self.placed.iter().zip(&self.on_node) {
+            remaining[pi] = false;
+            let host = first_host + j as u32;
+            topo.place(
+                unplaced_q[pi],
+                Place::New {
+                    group: self.group,
+                    host,
+                },
+            );
+        }
+    }
+}
+
 fn share(used: i64, total: i64) -> f64 {
     if total <= 0 {
         0.0
@@ -636,48 +658,63 @@ struct Context<'a> {
     templates: Vec<Template>,
 }
 
-impl<'a> Context<'a> {
-    fn new(snap: &'a Snapshot, now: Timestamp, s: &'a ScalerSettings) -> Self {
-        let node_index = NodeIndex::new(snap.nodes.iter().map(|n| n.name.as_str()));
-        // One pass over the pods, in their order (the pods are most of the snapshot).
-        let mut node_of = Vec::with_capacity(snap.pods.len());
-        // Per node, how many pods it has; then where its pods start in `bound`.
-        let mut pods_from: Vec<usize> = vec![0; snap.nodes.len() + 1];
-        let mut usage: Vec<NodeUsage> = std::iter::repeat_with(NodeUsage::default)
-            .take(snap.nodes.len())
-            .collect();
-        let mut unschedulable = Vec::new();
-        let mut carrying = Vec::new();
-        let mut label_sets = LabelSets::default();
-        let mut label_set: Vec<usize> = Vec::new();
+/// What [`Context`] learns in its one pass over the pods, in their order (the pods are most of
+/// the snapshot).
+struct PodPass<'a> {
+    node_of: Vec<Option<usize>>,
+    /// Per node index, how many pods are bound to it.
+    per_node: Vec<usize>,
+    usage: Vec<NodeUsage>,
+    unschedulable: Vec<usize>,
+    carrying: Vec<usize>,
+    label_sets: LabelSets<'a>,
+    label_set: Vec<usize>,
+}
+
+impl<'a> PodPass<'a> {
+    #[inline]
+    fn over(snap: &'a Snapshot, node_index: &NodeIndex<'_>) -> Self {
+        let mut pass = Self {
+            node_of: Vec::with_capacity(snap.pods.len()),
+            per_node: vec![0; snap.nodes.len()],
+            usage: std::iter::repeat_with(NodeUsage::default)
+                .take(snap.nodes.len())
+                .collect(),
+            unschedulable: Vec::new(),
+            carrying: Vec::new(),
+            label_sets: LabelSets::default(),
+            label_set: Vec::new(),
+        };
         // Label sets are taken from the first pod with constraints on, the pods before it
         // caught up then: a snapshot without any pays nothing for them.
         let mut interning = false;
         for (i, p) in snap.pods.iter().enumerate() {
             if p.unschedulable {
-                unschedulable.push(i);
+                pass.unschedulable.push(i);
             }
             if p.constraints
                 .as_ref()
                 .is_some_and(|c| !c.anti_affinity.is_empty())
             {
-                carrying.push(i);
+                pass.carrying.push(i);
             }
             let ni = p.node.as_deref().and_then(|n| node_index.get(n));
-            node_of.push(ni);
+            pass.node_of.push(ni);
             if !interning && p.constraints.is_some() {
                 interning = true;
-                label_set.reserve(snap.pods.len());
+                pass.label_set.reserve(snap.pods.len());
                 for q in &snap.pods[..i] {
-                    label_set.push(label_sets.id((q.namespace.as_str(), &q.labels)));
+                    let id = pass.label_sets.id((q.namespace.as_str(), &q.labels));
+                    pass.label_set.push(id);
                 }
             }
             if interning {
-                label_set.push(label_sets.id((p.namespace.as_str(), &p.labels)));
+                let id = pass.label_sets.id((p.namespace.as_str(), &p.labels));
+                pass.label_set.push(id);
             }
             let Some(ni) = ni else { continue };
-            pods_from[ni + 1] += 1;
-            let u = &mut usage[ni];
+            pass.per_node[ni] += 1;
+            let u = &mut pass.usage[ni];
             u.requested.add(&p.requests);
             if !p.stays() {
                 u.movable.add(&p.requests);
@@ -685,20 +722,36 @@ impl<'a> Context<'a> {
             }
             u.pinned |= p.blocks_scale_down();
         }
-        let mut sum = 0;
-        for n in &mut pods_from {
-            sum += *n;
-            *n = sum;
+        pass
+    }
+}
+
+/// The bound pods grouped by node, from `node_of` alone (the pods themselves are not read
+/// again): `bound`, and where each node's start in it (`pods_from`, one more than the nodes).
+fn by_node(node_of: &[Option<usize>], per_node: Vec<usize>) -> (Vec<usize>, Vec<usize>) {
+    let mut pods_from = Vec::with_capacity(per_node.len() + 1);
+    let mut sum = 0;
+    pods_from.push(0);
+    for n in per_node {
+        sum += n;
+        pods_from.push(sum);
+    }
+    let mut next = pods_from.clone();
+    let mut bound: Vec<usize> = vec![0; sum];
+    for (i, ni) in node_of.iter().enumerate() {
+        if let Some(&ni) = ni.as_ref() {
+            bound[next[ni]] = i;
+            next[ni] += 1;
         }
-        // Filled from `node_of` alone: the pods themselves are not read again.
-        let mut next = pods_from.clone();
-        let mut bound: Vec<usize> = vec![0; pods_from[snap.nodes.len()]];
-        for (i, ni) in node_of.iter().enumerate() {
-            if let Some(&ni) = ni.as_ref() {
-                bound[next[ni]] = i;
-                next[ni] += 1;
-            }
-        }
+    }
+    (bound, pods_from)
+}
+
+impl<'a> Context<'a> {
+    fn new(snap: &'a Snapshot, now: Timestamp, s: &'a ScalerSettings) -> Self {
+        let node_index = NodeIndex::new(snap.nodes.iter().map(|n| n.name.as_str()));
+        let pods = PodPass::over(snap, &node_index);
+        let (bound, pods_from) = by_node(&pods.node_of, pods.per_node);
         let mut cx = Self {
             snap,
             now,
@@ -716,14 +769,14 @@ impl<'a> Context<'a> {
                 .map(|m| (m.hostname.as_str(), m))
                 .collect(),
             node_index,
-            node_of,
+            node_of: pods.node_of,
             bound,
             pods_from,
-            usage,
-            unschedulable,
-            carrying,
-            label_sets,
-            label_set,
+            usage: pods.usage,
+            unschedulable: pods.unschedulable,
+            carrying: pods.carrying,
+            label_sets: pods.label_sets,
+            label_set: pods.label_set,
             templates: Vec::new(),
         };
         cx.templates = s.groups.iter().map(|g| template(g, &cx)).collect();
@@ -1161,21 +1214,7 @@ fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
             break;
         };
         planned[o.group] += o.nodes;
-        let first_host = topo.peek_host();
-        for _ in 0..o.nodes {
-            topo.take_host();
-        }
-        for (&pi, &j) in o.placed.iter().zip(&o.on_node) {
-            remaining[pi] = false;
-            let host = first_host + j as u32;
-            topo.place(
-                unplaced_q[pi],
-                Place::New {
-                    group: o.group,
-                    host,
-                },
-            );
-        }
+        o.place(&mut topo, &mut remaining, &unplaced_q);
         actions.push(Action::ScaleUp {
             group: s.groups[o.group].name.clone(),
             count: o.nodes,

@@ -350,6 +350,29 @@ impl<'p> Interner<'p> {
     }
 }
 
+/// Per spread of the pending pods (by index in `Topology::spreads`): the pod it was first seen
+/// on (whose selector, affinity and tolerations decide its eligible domains), and its
+/// `nodeAffinityPolicy: Ignore` and `nodeTaintsPolicy: Honor`.
+#[derive(Default)]
+struct SpreadPods<'p> {
+    pod: Vec<&'p PodView>,
+    ignore: Vec<bool>,
+    honor: Vec<bool>,
+}
+
+/// The distinct domains of key `key` among the nodes' domains, in the nodes' order.
+fn distinct(node_domains: &[Vec<Option<u32>>], key: usize) -> Vec<u32> {
+    let mut seen = Vec::new();
+    let mut list = Vec::new();
+    for d in node_domains.iter().filter_map(|domains| domains[key]) {
+        if !seen.get(d as usize).copied().unwrap_or(false) {
+            set_flag(&mut seen, d, true);
+            list.push(d);
+        }
+    }
+    list
+}
+
 impl Topology {
     /// Indexes the constraints of `pending` (`pending_sets`: each one's label set in
     /// `pods.sets`) against the pods bound to `nodes`, the packing's bins and the groups'
@@ -365,7 +388,34 @@ impl Topology {
         pending: &[&PodView],
         pending_sets: &[usize],
     ) -> Self {
-        let mut t = Self {
+        let mut t = Self::empty(pending.len());
+        let mut index = Interner::default();
+        index.keys.insert(HOSTNAME.to_string(), 0);
+        let spread_pods = t.index_pending(&mut index, pending);
+        let running_carriers = t.index_running(&mut index, nodes, pods);
+        if t.counters.is_empty() && t.carriers.is_empty() {
+            return t;
+        }
+        let node_domains = t.index_domains(nodes, bins, templates);
+        t.count_bound(pods, &node_domains, running_carriers, pending_sets);
+        t.spread_eligibility(nodes, &node_domains, templates, &spread_pods);
+        t.group_fresh = (0..templates.len())
+            .map(|g| t.fresh_spreads(g, &t.group_domains[g]))
+            .collect();
+        t.bin_fresh = bins
+            .iter()
+            .zip(&t.bin_domains)
+            .map(|(b, domains)| match b.machine_of {
+                Some(g) => t.fresh_spreads(g, domains),
+                None => Vec::new(),
+            })
+            .collect();
+        t
+    }
+
+    /// No key but the hostname, no counter, no constraint: `pending` pods that need nothing.
+    fn empty(pending: usize) -> Self {
+        Self {
             keys: vec![HOSTNAME.to_string()],
             values: vec![FastMap::default()],
             next: vec![0],
@@ -377,11 +427,18 @@ impl Topology {
             spreads_of: Vec::new(),
             group_fresh: Vec::new(),
             bin_fresh: Vec::new(),
-            needs: vec![Needs::default(); pending.len()],
+            needs: vec![Needs::default(); pending],
             journal: Vec::new(),
-        };
-        let mut index = Interner::default();
-        index.keys.insert(HOSTNAME.to_string(), 0);
+        }
+    }
+
+    /// The pending pods' own terms: each pod's needs, with a counter per distinct term and a
+    /// spread per distinct (counter, what its eligible domains depend on).
+    fn index_pending<'p>(
+        &mut self,
+        index: &mut Interner<'p>,
+        pending: &[&'p PodView],
+    ) -> SpreadPods<'p> {
         // (counter, minDomains, nodeAffinityPolicy Ignore, node selector, node affinity, the
         // tolerations under nodeTaintsPolicy Honor): what a spread's state depends on.
         type SpreadKey<'p> = (
@@ -393,98 +450,118 @@ impl Topology {
             Option<&'p Vec<TolerationView>>,
         );
         let mut spread_index: FastMap<SpreadKey<'_>, usize> = FastMap::default();
-        let mut spread_pod: Vec<&PodView> = Vec::new();
-        let mut spread_ignore: Vec<bool> = Vec::new();
-        let mut spread_honor: Vec<bool> = Vec::new();
-
-        // The pending pods' own terms, then the anti-affinity every running pod carries.
+        let mut spread_pods = SpreadPods::default();
         for (qi, p) in pending.iter().enumerate() {
             let Some(c) = p.constraints.as_deref() else {
                 continue;
             };
             let mut needs = Needs::default();
             if !c.affinity.is_empty() {
-                needs.affinity = index.affinity(&mut t, &c.affinity);
+                needs.affinity = index.affinity(self, &c.affinity);
             }
             needs.self_affine = needs
                 .affinity
                 .iter()
-                .all(|&ci| t.counters[ci].matcher.selects(set_of(p)));
+                .all(|&ci| self.counters[ci].matcher.selects(set_of(p)));
             for term in &c.anti_affinity {
-                needs.anti.push(index.term(&mut t, term, false));
-                needs.carries.push(index.term(&mut t, term, true));
+                needs.anti.push(index.term(self, term, false));
+                needs.carries.push(index.term(self, term, true));
             }
             for sc in &c.spread {
-                let ci = index.spread(&mut t, &p.namespace, sc);
-                let self_match = t.counters[ci].matcher.selects(set_of(p));
-                let si = intern(
-                    &mut spread_index,
-                    (
-                        ci,
-                        sc.min_domains,
-                        sc.ignore_node_affinity,
-                        &p.node_selector,
-                        &p.affinity_terms,
-                        sc.honor_taints.then_some(&p.tolerations),
-                    ),
-                    |_| {
-                        t.spreads.push(Spread {
-                            counter: ci,
-                            eligible: Vec::new(),
-                            domains: Vec::new(),
-                            min: None,
-                            min_domains: sc.min_domains,
-                            group_eligible: Vec::new(),
-                        });
-                        t.spreads_of[ci].push(t.spreads.len() - 1);
-                        spread_pod.push(p);
-                        spread_ignore.push(sc.ignore_node_affinity);
-                        spread_honor.push(sc.honor_taints);
-                        t.spreads.len() - 1
-                    },
+                let ci = index.spread(self, &p.namespace, sc);
+                let self_match = self.counters[ci].matcher.selects(set_of(p));
+                let key = (
+                    ci,
+                    sc.min_domains,
+                    sc.ignore_node_affinity,
+                    &p.node_selector,
+                    &p.affinity_terms,
+                    sc.honor_taints.then_some(&p.tolerations),
                 );
+                let si = intern(&mut spread_index, key, |_| {
+                    self.spreads.push(Spread {
+                        counter: ci,
+                        eligible: Vec::new(),
+                        domains: Vec::new(),
+                        min: None,
+                        min_domains: sc.min_domains,
+                        group_eligible: Vec::new(),
+                    });
+                    self.spreads_of[ci].push(self.spreads.len() - 1);
+                    spread_pods.pod.push(p);
+                    spread_pods.ignore.push(sc.ignore_node_affinity);
+                    spread_pods.honor.push(sc.honor_taints);
+                    self.spreads.len() - 1
+                });
                 needs.spread.push((si, sc.max_skew, self_match));
             }
-            t.needs[qi] = needs;
+            self.needs[qi] = needs;
         }
-        let mut running_carriers: Vec<(usize, usize)> = Vec::new();
+        spread_pods
+    }
+
+    /// The anti-affinity every running pod carries: (its node, its carrier counter) per term.
+    fn index_running<'p>(
+        &mut self,
+        index: &mut Interner<'p>,
+        nodes: &[NodeView],
+        pods: &Pods<'p>,
+    ) -> Vec<(usize, usize)> {
+        let mut running_carriers = Vec::new();
         let carrying = pods.carrying.iter().filter_map(|&i| {
             let ni = pods.node_of.get(i).copied().flatten()?;
             Some((ni, pods.all.get(i)?)).filter(|_| ni < nodes.len())
         });
         for (ni, p) in carrying {
             for term in p.constraints.iter().flat_map(|c| &c.anti_affinity) {
-                running_carriers.push((ni, index.term(&mut t, term, true)));
+                running_carriers.push((ni, index.term(self, term, true)));
             }
         }
-        if t.counters.is_empty() && t.carriers.is_empty() {
-            return t;
-        }
-        // Domains: every node's, then the bins', then a new node's per group.
+        running_carriers
+    }
+
+    /// Domains: every node's (returned), then the bins', then a new node's per group.
+    fn index_domains(
+        &mut self,
+        nodes: &[NodeView],
+        bins: &[BinSite<'_>],
+        templates: &[(&BTreeMap<String, String>, &[TaintView])],
+    ) -> Vec<Vec<Option<u32>>> {
         let mut node_domains: Vec<Vec<Option<u32>>> = Vec::with_capacity(nodes.len());
         for n in nodes {
-            let d = t.domains_of(&n.labels, None);
+            let d = self.domains_of(&n.labels, None);
             node_domains.push(d);
         }
         for b in bins {
             let d = match (b.machine_of, b.node.and_then(|ni| node_domains.get(ni))) {
                 (Some(_), _) => {
-                    let host = t.take_host();
-                    t.domains_of(b.labels, Some(host))
+                    let host = self.take_host();
+                    self.domains_of(b.labels, Some(host))
                 }
                 (None, Some(d)) => d.clone(),
-                (None, None) => t.domains_of(b.labels, None),
+                (None, None) => self.domains_of(b.labels, None),
             };
-            t.bin_domains.push(d);
+            self.bin_domains.push(d);
         }
         for &(labels, _) in templates {
-            let d = t.domains_of(labels, None);
-            t.group_domains.push(d);
+            let d = self.domains_of(labels, None);
+            self.group_domains.push(d);
         }
+        node_domains
+    }
 
-        // Which counters count the pods of each label set, and whose carried anti-affinity
-        // selects them: matched once per set, as the pods of one workload share one.
-        let (counters, carriers) = (&t.counters, &t.carriers);
+    /// Counts the bound pods in the counters that select them, and the running pods' carried
+    /// anti-affinity in their domains; tells each pending pod which counters count it and whose
+    /// carried anti-affinity selects it. Matched once per label set, as the pods of one
+    /// workload share one.
+    fn count_bound(
+        &mut self,
+        pods: &Pods<'_>,
+        node_domains: &[Vec<Option<u32>>],
+        running_carriers: Vec<(usize, usize)>,
+        pending_sets: &[usize],
+    ) {
+        let (counters, carriers) = (&self.counters, &self.carriers);
         let (counters_by_label, carriers_by_label) =
             (ByLabel::new(counters), ByLabel::new(carriers));
         let matches: Vec<(Vec<usize>, Vec<usize>)> = pods
@@ -504,37 +581,45 @@ impl Topology {
                 continue;
             };
             for &ci in counted_by {
-                let c = &mut t.counters[ci];
+                let c = &mut self.counters[ci];
                 if let Some(d) = domains[c.key] {
                     bump(c, d);
                 }
             }
         }
         for (ni, ci) in running_carriers {
-            let c = &mut t.carriers[ci];
+            let c = &mut self.carriers[ci];
             if let Some(d) = node_domains[ni][c.key] {
                 bump(c, d);
             }
         }
-        for (needs, &m) in t.needs.iter_mut().zip(pending_sets) {
+        for (needs, &m) in self.needs.iter_mut().zip(pending_sets) {
             if let Some(m) = matches.get(m) {
                 (needs.counted_by, needs.hit_by) = m.clone();
             }
         }
+    }
 
-        // Spread: the eligible domains of the existing nodes, and whether each group's new
-        // nodes are eligible. For a pod that takes any node, every domain a node has: found
-        // once per key, not once per spread over all the nodes.
-        let mut every_domain: Vec<Option<Vec<u32>>> = vec![None; t.keys.len()];
+    /// Spread: the eligible domains of the existing nodes, and whether each group's new nodes
+    /// are eligible. For a pod that takes any node, every domain a node has: found once per
+    /// key, not once per spread over all the nodes.
+    fn spread_eligibility(
+        &mut self,
+        nodes: &[NodeView],
+        node_domains: &[Vec<Option<u32>>],
+        templates: &[(&BTreeMap<String, String>, &[TaintView])],
+        spread_pods: &SpreadPods<'_>,
+    ) {
+        let mut every_domain: Vec<Option<Vec<u32>>> = vec![None; self.keys.len()];
         // The taints a pod meets on each node once it is up, for `nodeTaintsPolicy: Honor`.
-        let lasting: Vec<Vec<TaintView>> = if spread_honor.contains(&true) {
+        let lasting: Vec<Vec<TaintView>> = if spread_pods.honor.contains(&true) {
             nodes.iter().map(NodeView::lasting_taints).collect()
         } else {
             Vec::new()
         };
-        for (si, p) in spread_pod.iter().enumerate() {
-            let key = t.counters[t.spreads[si].counter].key;
-            let (ignore, honor) = (spread_ignore[si], spread_honor[si]);
+        for (si, p) in spread_pods.pod.iter().enumerate() {
+            let key = self.counters[self.spreads[si].counter].key;
+            let (ignore, honor) = (spread_pods.ignore[si], spread_pods.honor[si]);
             // Without a node selector or affinity, and without taints to honour, every node is
             // eligible.
             let any =
@@ -544,55 +629,32 @@ impl Topology {
             let admits = |labels: &BTreeMap<String, String>, name: &str, taints: &[TaintView]| {
                 (ignore || selects(p, labels, name)) && (!honor || tolerates(p, taints))
             };
+            let s = &mut self.spreads[si];
             if any {
-                let list = every_domain[key].get_or_insert_with(|| {
-                    let mut seen = Vec::new();
-                    let mut list = Vec::new();
-                    for d in node_domains.iter().filter_map(|domains| domains[key]) {
-                        if !seen.get(d as usize).copied().unwrap_or(false) {
-                            set_flag(&mut seen, d, true);
-                            list.push(d);
-                        }
-                    }
-                    list
-                });
-                let s = &mut t.spreads[si];
+                let list = every_domain[key].get_or_insert_with(|| distinct(node_domains, key));
                 for &d in list.iter() {
                     set_flag(&mut s.eligible, d, true);
                 }
                 s.domains.extend_from_slice(list);
             } else {
-                for (ni, (n, domains)) in nodes.iter().zip(&node_domains).enumerate() {
+                for (ni, (n, domains)) in nodes.iter().zip(node_domains).enumerate() {
                     let Some(d) = domains[key] else {
                         continue;
                     };
                     let taints = if honor { lasting[ni].as_slice() } else { &[] };
-                    if admits(&n.labels, &n.name, taints) {
-                        let s = &mut t.spreads[si];
-                        if !s.eligible.get(d as usize).copied().unwrap_or(false) {
-                            set_flag(&mut s.eligible, d, true);
-                            s.domains.push(d);
-                        }
+                    if admits(&n.labels, &n.name, taints)
+                        && !s.eligible.get(d as usize).copied().unwrap_or(false)
+                    {
+                        set_flag(&mut s.eligible, d, true);
+                        s.domains.push(d);
                     }
                 }
             }
-            t.spreads[si].group_eligible = templates
+            s.group_eligible = templates
                 .iter()
                 .map(|&(labels, taints)| admits(labels, "", taints))
                 .collect();
         }
-        t.group_fresh = (0..templates.len())
-            .map(|g| t.fresh_spreads(g, &t.group_domains[g]))
-            .collect();
-        t.bin_fresh = bins
-            .iter()
-            .zip(&t.bin_domains)
-            .map(|(b, domains)| match b.machine_of {
-                Some(g) => t.fresh_spreads(g, domains),
-                None => Vec::new(),
-            })
-            .collect();
-        t
     }
 
     /// A domain id per key for a node with `labels`; `host` overrides the hostname label.
