@@ -124,6 +124,36 @@ struct GroupTemplate {
     text: String,
 }
 
+/// What a pass carries from one action to the next while it carries them out.
+struct PassState<'a> {
+    /// The pass's time, taken once its snapshot was read.
+    now: Timestamp,
+    /// When the pass began: where the pending-to-create latency starts.
+    started: Instant,
+    /// The groups' back-off as the actions leave it, for the status ConfigMap.
+    backoff: BTreeMap<String, Backoff>,
+    /// The snapshot's pods by key, for their Events.
+    pods_by_key: BTreeMap<String, &'a model::PodView>,
+    /// Pod Events sent so far, at most [`POD_EVENTS_PER_PASS`].
+    pod_events: usize,
+    /// How long after the pass began its first create request left, if one did.
+    first_create: Option<Duration>,
+}
+
+impl PassState<'_> {
+    /// Records that `group` backs off until `until` after `failures` failed machines.
+    fn back_off(&mut self, group: &str, failures: u32, until: Timestamp) {
+        self.backoff.insert(
+            group.to_string(),
+            Backoff {
+                failures,
+                last_failure: Some(self.now),
+                until: Some(until),
+            },
+        );
+    }
+}
+
 struct Inner<P> {
     client: kube::Client,
     provider: P,
@@ -627,6 +657,8 @@ impl<P: Provider + 'static> Inner<P> {
         }
     }
 
+    /// One pass: gather a snapshot, decide, publish the figures and log the decisions; then,
+    /// unless a dry run, carry the actions out while still leader and write the status.
     async fn pass(self: Arc<Self>) -> Result<Vec<Action>> {
         let started = Instant::now();
         let snap = self.gather().await?;
@@ -646,130 +678,136 @@ impl<P: Provider + 'static> Inner<P> {
         if self.opts.dry_run {
             return Ok(actions);
         }
-        let mut backoff = snap.backoff.clone();
-        let pods_by_key: BTreeMap<String, &model::PodView> =
-            snap.pods.iter().map(|p| (p.key(), p)).collect();
-        let mut pod_events = 0usize;
-        let mut first_create: Option<Duration> = None;
+        let mut run = PassState {
+            now,
+            started,
+            backoff: snap.backoff.clone(),
+            pods_by_key: snap.pods.iter().map(|p| (p.key(), p)).collect(),
+            pod_events: 0,
+            first_create: None,
+        };
         for a in &actions {
             if !self.is_leader() {
                 warn!("lost the Lease mid-pass; stopping");
                 break;
             }
-            match a {
-                Action::Repair {
-                    group,
-                    machine,
-                    node,
-                    reason,
-                } => {
-                    self.repair(group, machine, node.as_deref(), *reason).await;
-                }
-                Action::BackOff {
-                    group,
-                    failures,
-                    until,
-                } => {
-                    backoff.insert(
-                        group.clone(),
-                        Backoff {
-                            failures: *failures,
-                            last_failure: Some(now),
-                            until: Some(*until),
-                        },
-                    );
-                }
-                Action::ClearBackOff { group } => {
-                    backoff.remove(group);
-                }
-                Action::GuardHolds {
-                    group,
-                    unready,
-                    total,
-                    held,
-                } => {
-                    self.guard_event(guard_note(group.as_deref(), *unready, *total, *held))
-                        .await
-                }
-                Action::DeleteNode {
-                    group,
-                    node,
-                    reason,
-                } => {
-                    if self.fenced(group, &format!("delete Node {node}")).await {
-                        info!(group, node, %reason, "deleting a Node whose machine is gone");
-                        self.delete_node(node).await;
-                    }
-                }
-                Action::MarkUnneeded { node, since } => {
-                    self.annotate(node, Some(since.to_string())).await
-                }
-                Action::ClearUnneeded { node } => self.annotate(node, None).await,
-                Action::ScaleUp {
-                    group,
-                    count,
-                    reason,
-                    pods,
-                } => {
-                    let created = self
-                        .scale_up(group, *count, &mut backoff, now, started, &mut first_create)
-                        .await;
-                    let note = format!(
-                        "pod triggered scale-up: node group {group} +{created} ({reason:?})"
-                    );
-                    for key in pods {
-                        let (reason, note) = ("TriggeredScaleUp", note.clone());
-                        if !self
-                            .pod_event(&pods_by_key, key, &mut pod_events, reason, note)
-                            .await
-                        {
-                            break;
-                        }
-                    }
-                    if *reason != ScaleUpReason::PendingPods {
-                        debug!(group, count, ?reason, "scale-up without pods");
-                    }
-                }
-                Action::NoScaleUp { pod, reason } => {
-                    let note = reason.clone();
-                    self.pod_event(
-                        &pods_by_key,
-                        pod,
-                        &mut pod_events,
-                        "NotTriggerScaleUp",
-                        note,
-                    )
-                    .await;
-                }
-                Action::CancelScaleDown { group, node } => {
-                    // A drain under way checks the opt-out itself before its delete.
-                    if !lock(&self.draining).contains(node) {
-                        self.cancel_scale_down(group, node).await;
-                    }
-                }
-                Action::ScaleDown {
-                    group,
-                    node,
-                    machine,
-                    ..
-                } => {
-                    let fresh = lock(&self.draining).insert(node.clone());
-                    if fresh {
-                        let me = self.clone();
-                        let (group, node, machine) = (group.clone(), node.clone(), machine.clone());
-                        tokio::spawn(async move { me.scale_down(&group, &node, &machine).await });
-                    }
-                }
-            }
+            self.carry_out(a, &mut run).await;
         }
-        if let Some(d) = first_create {
+        if let Some(d) = run.first_create {
             self.metrics
                 .pending_to_create_seconds
                 .observe(d.as_secs_f64());
         }
-        self.write_status(now, &states, &backoff, pending, &actions)
+        self.write_status(now, &states, &run.backoff, pending, &actions)
             .await;
         Ok(actions)
+    }
+
+    /// Carries out one of the pass's actions: a machine or Node deleted, machines created, a
+    /// Node annotated or drained, an Event sent, or the back-off changed for the status.
+    async fn carry_out(self: &Arc<Self>, a: &Action, run: &mut PassState<'_>) {
+        match a {
+            Action::Repair {
+                group,
+                machine,
+                node,
+                reason,
+            } => {
+                self.repair(group, machine, node.as_deref(), *reason).await;
+            }
+            Action::BackOff {
+                group,
+                failures,
+                until,
+            } => run.back_off(group, *failures, *until),
+            Action::ClearBackOff { group } => {
+                run.backoff.remove(group);
+            }
+            Action::GuardHolds {
+                group,
+                unready,
+                total,
+                held,
+            } => {
+                self.guard_event(guard_note(group.as_deref(), *unready, *total, *held))
+                    .await
+            }
+            Action::DeleteNode {
+                group,
+                node,
+                reason,
+            } => {
+                if self.fenced(group, &format!("delete Node {node}")).await {
+                    info!(group, node, %reason, "deleting a Node whose machine is gone");
+                    self.delete_node(node).await;
+                }
+            }
+            Action::MarkUnneeded { node, since } => {
+                self.annotate(node, Some(since.to_string())).await
+            }
+            Action::ClearUnneeded { node } => self.annotate(node, None).await,
+            Action::ScaleUp {
+                group,
+                count,
+                reason,
+                pods,
+            } => {
+                self.scale_up_and_tell(group, *count, *reason, pods, run)
+                    .await
+            }
+            Action::NoScaleUp { pod, reason } => {
+                let note = reason.clone();
+                self.pod_event(run, pod, "NotTriggerScaleUp", note).await;
+            }
+            Action::CancelScaleDown { group, node } => {
+                // A drain under way checks the opt-out itself before its delete.
+                if !lock(&self.draining).contains(node) {
+                    self.cancel_scale_down(group, node).await;
+                }
+            }
+            Action::ScaleDown {
+                group,
+                node,
+                machine,
+                ..
+            } => self.start_scale_down(group, node, machine),
+        }
+    }
+
+    /// Scales the group up, then tells the pods that triggered it with an Event each, within
+    /// the pass's budget of pod Events.
+    async fn scale_up_and_tell(
+        &self,
+        group: &str,
+        count: u32,
+        reason: ScaleUpReason,
+        pods: &[String],
+        run: &mut PassState<'_>,
+    ) {
+        let created = self.scale_up(group, count, run).await;
+        let note = format!("pod triggered scale-up: node group {group} +{created} ({reason:?})");
+        for key in pods {
+            if !self
+                .pod_event(run, key, "TriggeredScaleUp", note.clone())
+                .await
+            {
+                break;
+            }
+        }
+        if reason != ScaleUpReason::PendingPods {
+            debug!(group, count, ?reason, "scale-up without pods");
+        }
+    }
+
+    /// Starts the node's scale-down in a task of its own, unless this process already runs
+    /// it: a drain can outlast many passes.
+    fn start_scale_down(self: &Arc<Self>, group: &str, node: &str, machine: &str) {
+        let fresh = lock(&self.draining).insert(node.to_string());
+        if fresh {
+            let me = self.clone();
+            let (group, node, machine) = (group.to_string(), node.to_string(), machine.to_string());
+            tokio::spawn(async move { me.scale_down(&group, &node, &machine).await });
+        }
     }
 
     async fn annotate(&self, node: &str, value: Option<String>) {
@@ -862,15 +900,8 @@ impl<P: Provider + 'static> Inner<P> {
 
     /// Creates `count` machines of `group`, each with a bootstrap token of its own, and
     /// returns how many the provider accepted; refused creates back the group off.
-    async fn scale_up(
-        &self,
-        group: &str,
-        count: u32,
-        backoff: &mut BTreeMap<String, Backoff>,
-        now: Timestamp,
-        started: Instant,
-        first_create: &mut Option<Duration>,
-    ) -> u32 {
+    async fn scale_up(&self, group: &str, count: u32, run: &mut PassState<'_>) -> u32 {
+        let (now, started) = (run.now, run.started);
         let Some(g) = self.settings.groups.iter().find(|g| g.name == group) else {
             return 0;
         };
@@ -905,7 +936,7 @@ impl<P: Provider + 'static> Inner<P> {
             .collect()
             .await;
         if let Some(d) = *lock(&first_sent) {
-            first_create.get_or_insert(d);
+            run.first_create.get_or_insert(d);
         }
         let (created, refused_hosts) = self.tally(group, results);
         // A machine the provider refused never joins: its token goes now. One whose create
@@ -925,19 +956,12 @@ impl<P: Provider + 'static> Inner<P> {
             failures, until, ..
         }) = decide::back_off(
             group,
-            backoff.get(group).copied(),
+            run.backoff.get(group).copied(),
             u32::try_from(refused_hosts.len()).unwrap_or(u32::MAX),
             now,
             &self.settings,
         ) {
-            backoff.insert(
-                group.to_string(),
-                Backoff {
-                    failures,
-                    last_failure: Some(now),
-                    until: Some(until),
-                },
-            );
+            run.back_off(group, failures, until);
         }
         created
     }
@@ -1003,20 +1027,19 @@ impl<P: Provider + 'static> Inner<P> {
     }
 
     /// A Normal `ScaleUp` Event on the pending pod `key`, within the pass's budget of pod
-    /// Events (`sent` of [`POD_EVENTS_PER_PASS`]); false once the budget is spent.
+    /// Events ([`POD_EVENTS_PER_PASS`]); false once the budget is spent.
     async fn pod_event(
         &self,
-        pods_by_key: &BTreeMap<String, &model::PodView>,
+        run: &mut PassState<'_>,
         key: &str,
-        sent: &mut usize,
         reason: &str,
         note: String,
     ) -> bool {
-        if *sent >= POD_EVENTS_PER_PASS {
+        if run.pod_events >= POD_EVENTS_PER_PASS {
             return false;
         }
-        if let Some(p) = pods_by_key.get(key) {
-            *sent += 1;
+        if let Some(p) = run.pods_by_key.get(key) {
+            run.pod_events += 1;
             self.event(&pod_ref(p), EventType::Normal, reason, "ScaleUp", note)
                 .await;
         }
