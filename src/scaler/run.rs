@@ -27,7 +27,7 @@ use super::model::{self, Backoff, SCALE_DOWN_FAILED, Snapshot, UNNEEDED_SINCE};
 use super::provider::{self, CLUSTER_TAG, CreateSpec, POOL_TAG, Provider};
 use super::{SCALE_DOWN_REASON, token};
 use crate::config::{GroupSettings, ScalerSettings, Settings};
-use crate::drain::{DrainOptions, DrainOutcome};
+use crate::drain::{DrainOptions, DrainOutcome, DrainReport};
 use crate::lease::Elector;
 use crate::render::values::{DEFAULT_HOSTNAME_PATTERN, Inputs, TokenSource, Values};
 use crate::secret::Secret;
@@ -1153,83 +1153,10 @@ impl<P: Provider + 'static> Inner<P> {
         let result = crate::drain::drain(&self.client, node, &self.drain).await;
         match result {
             Ok(r) if r.outcome == DrainOutcome::Drained => {
-                match self.opted_out(node).await {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        self.cancel_scale_down(group, node).await;
-                        lock(&self.draining).remove(node);
-                        return;
-                    }
-                    Err(e) => {
-                        warn!(group, node, error = %e, "scale-down: cannot re-read the Node before deleting its machine; the next pass retries");
-                        lock(&self.draining).remove(node);
-                        return;
-                    }
-                }
-                if !self
-                    .fenced(group, &format!("delete machine {machine}"))
-                    .await
-                {
-                    // The node stays cordoned with nodeward's scale-down record: the leader
-                    // finishes the scale-down.
-                    lock(&self.draining).remove(node);
-                    return;
-                }
-                match self.provider.delete(machine).await {
-                    Ok(()) => {
-                        self.delete_node(node).await;
-                        self.metrics
-                            .scale_downs
-                            .get_or_create(&metrics::group(group))
-                            .inc();
-                        info!(
-                            group,
-                            node,
-                            machine,
-                            evicted = r.evicted.len(),
-                            "scale-down: machine and Node deleted"
-                        );
-                    }
-                    Err(e) => {
-                        self.metrics
-                            .failures
-                            .get_or_create(&metrics::failure(group, "delete"))
-                            .inc();
-                        warn!(group, node, machine, error = %e, "scale-down: cannot delete the machine; the next pass retries");
-                    }
-                }
-            }
-            Ok(r) => {
-                self.metrics
-                    .failures
-                    .get_or_create(&metrics::failure(group, "drain"))
-                    .inc();
-                warn!(group, node, outcome = ?r.outcome, left_behind = r.left_behind.len(), refused = r.refused.len(), "scale-down: drain incomplete; giving the node back");
-                self.event(
-                    &node_ref(node),
-                    EventType::Warning,
-                    "ScaleDownFailed",
-                    "ScaleDown",
-                    format!("drain ended {:?}; node uncordoned", r.outcome),
-                )
-                .await;
-                if let Err(e) = crate::drain::uncordon(&self.client, node, false).await {
-                    warn!(node, error = %e, "cannot uncordon after a failed scale-down");
-                }
-                // Remember what the node held, so decide does not pick it again for the same
-                // drain to fail the same way.
-                let failed = match self.fingerprint(node).await {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        warn!(node, error = %e, "cannot record the failed scale-down; the node may be picked again");
-                        None
-                    }
-                };
-                let annotations =
-                    json!({UNNEEDED_SINCE: None::<String>, SCALE_DOWN_FAILED: failed});
-                self.write_annotations(node, annotations, "the record of the failed scale-down")
+                self.delete_drained(group, node, machine, r.evicted.len())
                     .await;
             }
+            Ok(r) => self.give_back(group, node, &r).await,
             Err(e) => {
                 self.metrics
                     .failures
@@ -1239,6 +1166,83 @@ impl<P: Provider + 'static> Inner<P> {
             }
         }
         lock(&self.draining).remove(node);
+    }
+
+    /// Deletes a drained node's machine, then its Node; not if the node was opted out since
+    /// (its scale-down is cancelled), cannot be re-read, or this replica no longer leads.
+    async fn delete_drained(&self, group: &str, node: &str, machine: &str, evicted: usize) {
+        match self.opted_out(node).await {
+            Ok(false) => {}
+            Ok(true) => {
+                self.cancel_scale_down(group, node).await;
+                return;
+            }
+            Err(e) => {
+                warn!(group, node, error = %e, "scale-down: cannot re-read the Node before deleting its machine; the next pass retries");
+                return;
+            }
+        }
+        if !self
+            .fenced(group, &format!("delete machine {machine}"))
+            .await
+        {
+            // The node stays cordoned with nodeward's scale-down record: the leader
+            // finishes the scale-down.
+            return;
+        }
+        match self.provider.delete(machine).await {
+            Ok(()) => {
+                self.delete_node(node).await;
+                self.metrics
+                    .scale_downs
+                    .get_or_create(&metrics::group(group))
+                    .inc();
+                info!(
+                    group,
+                    node, machine, evicted, "scale-down: machine and Node deleted"
+                );
+            }
+            Err(e) => {
+                self.metrics
+                    .failures
+                    .get_or_create(&metrics::failure(group, "delete"))
+                    .inc();
+                warn!(group, node, machine, error = %e, "scale-down: cannot delete the machine; the next pass retries");
+            }
+        }
+    }
+
+    /// Gives back a node whose drain did not complete: uncordoned, its unneeded record
+    /// cleared, and what it held recorded so decide does not pick it for the same failure.
+    async fn give_back(&self, group: &str, node: &str, r: &DrainReport) {
+        self.metrics
+            .failures
+            .get_or_create(&metrics::failure(group, "drain"))
+            .inc();
+        warn!(group, node, outcome = ?r.outcome, left_behind = r.left_behind.len(), refused = r.refused.len(), "scale-down: drain incomplete; giving the node back");
+        self.event(
+            &node_ref(node),
+            EventType::Warning,
+            "ScaleDownFailed",
+            "ScaleDown",
+            format!("drain ended {:?}; node uncordoned", r.outcome),
+        )
+        .await;
+        if let Err(e) = crate::drain::uncordon(&self.client, node, false).await {
+            warn!(node, error = %e, "cannot uncordon after a failed scale-down");
+        }
+        // Remember what the node held, so decide does not pick it again for the same
+        // drain to fail the same way.
+        let failed = match self.fingerprint(node).await {
+            Ok(f) => Some(f),
+            Err(e) => {
+                warn!(node, error = %e, "cannot record the failed scale-down; the node may be picked again");
+                None
+            }
+        };
+        let annotations = json!({UNNEEDED_SINCE: None::<String>, SCALE_DOWN_FAILED: failed});
+        self.write_annotations(node, annotations, "the record of the failed scale-down")
+            .await;
     }
 
     /// Whether the Node was opted out of scale-down (`nodeward.io/scale-down-disabled`) since
