@@ -1282,6 +1282,8 @@ impl<P: Provider + 'static> Inner<P> {
         .await;
     }
 
+    /// Writes the pass's status and the groups' back-off to the status ConfigMap, where
+    /// readers and the next pass (this leader's or another's) find them.
     async fn write_status(
         &self,
         now: Timestamp,
@@ -1290,7 +1292,32 @@ impl<P: Provider + 'static> Inner<P> {
         pending: usize,
         actions: &[Action],
     ) {
-        let doc = StatusDoc {
+        let doc = self.status_doc(now, states, backoff, pending, actions);
+        let text = match serde_norway::to_string(&doc) {
+            Ok(t) => t,
+            Err(e) => {
+                warn!(error = %e, "cannot write the status as YAML");
+                return;
+            }
+        };
+        let data = json!({
+            "status": text,
+            "backoff": serde_json::to_string(backoff).unwrap_or_default(),
+        });
+        self.put_status(data).await;
+    }
+
+    /// The pass as the status shows it: leader, guard, pending pods, each configured group's
+    /// size, bounds and back-off, and the actions worth listing.
+    fn status_doc<'a>(
+        &'a self,
+        now: Timestamp,
+        states: &BTreeMap<String, GroupState>,
+        backoff: &BTreeMap<String, Backoff>,
+        pending: usize,
+        actions: &'a [Action],
+    ) -> StatusDoc<'a> {
+        StatusDoc {
             time: now.to_string(),
             leader: &self.opts.identity,
             guard: actions.iter().find_map(|a| match a {
@@ -1329,18 +1356,12 @@ impl<P: Provider + 'static> Inner<P> {
                 .filter(|a| !matches!(a, Action::NoScaleUp { .. }))
                 .take(STATUS_ACTIONS)
                 .collect(),
-        };
-        let text = match serde_norway::to_string(&doc) {
-            Ok(t) => t,
-            Err(e) => {
-                warn!(error = %e, "cannot write the status as YAML");
-                return;
-            }
-        };
-        let data = json!({
-            "status": text,
-            "backoff": serde_json::to_string(backoff).unwrap_or_default(),
-        });
+        }
+    }
+
+    /// Merges `data` into the status ConfigMap, creating it if it is not there yet; a failure
+    /// is logged and the next pass writes again.
+    async fn put_status(&self, data: serde_json::Value) {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.settings.namespace);
         let patch = json!({"data": data});
         match api
