@@ -716,9 +716,50 @@ async fn succeeded(stop: tokio::process::Child, within: Duration) -> String {
     text
 }
 
+/// What the unit logs once it has found the agent draining for this shutdown.
+const WAITS_FOR_THE_AGENT: &str = "the agent drains for this shutdown; waiting for its outcome";
+
+/// A spawned `nodeward drain` whose log (stderr) goes to a file, to be read while it runs.
+struct Logged {
+    child: tokio::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl Logged {
+    fn spawn(cmd: &mut tokio::process::Command, log: std::path::PathBuf) -> Self {
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = cmd.stderr(file).spawn().expect("run nodeward drain");
+        Self { child, log }
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits up to 30 s for it to log `line`.
+    async fn logged(&self, line: &str) {
+        let t0 = std::time::Instant::now();
+        while !self.text().contains(line) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{line:?} not logged:\n{}",
+                self.text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// [`succeeded`], with the log.
+    async fn succeeded(self, within: Duration) -> String {
+        let log = self.log.clone();
+        let out = succeeded(self.child, within).await;
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        format!("{out}\nlog:\n{text}")
+    }
+}
+
 /// The stand-in `agent` drains for this shutdown (its status file in `dir` says so) and dies
-/// 0.5 s into `stop`'s wait for it: the unit must take the drain over and empty the node. Its
-/// output.
+/// while `stop` waits for it: the unit must take the drain over and empty the node. Its output.
 async fn takes_over_from_a_dying_agent(
     emu: &EmulatorHandle,
     dir: &std::path::Path,
@@ -726,11 +767,11 @@ async fn takes_over_from_a_dying_agent(
     stop: &mut tokio::process::Command,
 ) -> String {
     write_agent_status(dir, agent.id(), "draining", &[]);
-    let stop = stop.spawn().expect("run nodeward drain");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stop = Logged::spawn(stop, dir.join("unit.log"));
+    stop.logged(WAITS_FOR_THE_AGENT).await;
     agent.kill().expect("kill the stand-in agent");
     agent.wait().expect("reap the stand-in agent");
-    let text = succeeded(stop, Duration::from_secs(30)).await;
+    let text = stop.succeeded(Duration::from_secs(30)).await;
     assert!(pods_on(emu, NODE).is_empty(), "the unit drained\n{text}");
     text
 }
@@ -822,17 +863,18 @@ async fn the_drain_unit_stopped_while_the_agent_drains_waits_for_its_outcome() {
 
     for (then, says) in [("drained", "already handled"), ("ready", "cancelled")] {
         write_agent_status(dir.path(), agent.id(), "draining", &[]);
-        let stop = unit_exec_stop(&emu, &bus, dir.path(), "")
-            .spawn()
-            .expect("run nodeward drain");
-        // Long enough to start, ask and cordon, had it taken this for an operator's stop.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let stop = Logged::spawn(
+            &mut unit_exec_stop(&emu, &bus, dir.path(), ""),
+            dir.path().join(format!("unit-{then}.log")),
+        );
+        // It waits, having neither asked systemd nor cordoned (as an operator's stop would).
+        stop.logged(WAITS_FOR_THE_AGENT).await;
         assert!(
             !cordoned(&emu),
             "the unit drained while the agent was draining"
         );
         write_agent_status(dir.path(), agent.id(), then, &["web-0", "web-1"]);
-        let text = succeeded(stop, Duration::from_secs(15)).await;
+        let text = stop.succeeded(Duration::from_secs(15)).await;
         assert!(text.contains(says), "agent {then}: {text}");
         assert_eq!(
             pods_on(&emu, NODE).len(),
