@@ -10,7 +10,8 @@
 //! Prints figures, asserts nothing about time (it depends on the machine):
 //! 1. `decide` alone on an in-memory snapshot (median of several runs), at both sizes with busy
 //!    nodes (none a scale-down candidate), and at the larger size with light ones (a third of the
-//!    nodes candidates, 30 pods each for scale-down's simulation to move);
+//!    nodes candidates, 30 pods each for scale-down's simulation to move), and light at 15,000
+//!    nodes and 450,000 running pods;
 //! 2. one full pass against kube-emulator and cherry-emulator over HTTP: listing, deciding,
 //!    minting tokens, rendering cloud-init and creating machines; the time from the pass's start
 //!    to the first server existing at the provider is the pending-to-create latency. Only at
@@ -41,6 +42,9 @@ const RUNNING: usize = 30_000;
 const PENDING: usize = 3_000;
 /// `decide` alone runs at each of these sizes: (nodes, running pods, pending pods).
 const SIZES: [(usize, usize, usize); 2] = [(NODES, RUNNING, PENDING), (5_000, 150_000, 10_000)];
+/// The largest case, light (scale-down's simulation, the costliest phase): 15,000 nodes and
+/// 450,000 running pods.
+const LARGE: (usize, usize, usize) = (15_000, 450_000, 10_000);
 const GROUPS: usize = 10;
 const RUNS: usize = 7;
 const GROUP_LABEL: &str = "nodeward.io/node-group";
@@ -455,6 +459,8 @@ fn main() {
     }
     // Scale-down's simulation at the larger size: most nodes light, a third of them candidates.
     let (nodes, running, pending) = SIZES[1];
+    bench_decide(nodes, running, pending, LIGHT_CPU);
+    let (nodes, running, pending) = LARGE;
     bench_decide(nodes, running, pending, LIGHT_CPU);
     if std::env::var_os("SCALER_BENCH_DECIDE_ONLY").is_some() {
         return;
