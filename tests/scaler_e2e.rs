@@ -96,6 +96,25 @@ impl Env {
         .expect("scaler starts")
     }
 
+    /// A scaler running until the sender fires (its graceful stop, as SIGTERM's), and its task.
+    async fn run_until_stopped(
+        &self,
+        identity: &str,
+    ) -> (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<nodeward::scaler::run::Result<()>>,
+    ) {
+        let s = self.scaler(identity, false).await;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            s.run(async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        (stop, task)
+    }
+
     async fn spawn(&self, identity: &str) -> tokio::task::JoinHandle<()> {
         let s = self.scaler(identity, false).await;
         tokio::spawn(async move {
@@ -1029,14 +1048,7 @@ async fn a_node_the_agent_reports_not_ready_in_time_is_replaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_shutdown_releases_the_lease() {
     let env = env(|_| {}).await;
-    let s = env.scaler("replica-a", false).await;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        s.run(async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let (stop, task) = env.run_until_stopped("replica-a").await;
     let holder = || {
         env.kube
             .get("leases", Some("kube-system"), "nodeward-scaler")
@@ -1063,14 +1075,7 @@ async fn a_graceful_shutdown_releases_the_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_is_prompt_while_the_api_server_does_not_answer() {
     let env = env(|_| {}).await;
-    let s = env.scaler("replica-a", false).await;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        s.run(async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let (stop, task) = env.run_until_stopped("replica-a").await;
     passes(&env, 2).await;
     env.kube.set_latency(Duration::from_secs(600));
     // The pass's requests, not the election's (which reads and writes only the Lease).

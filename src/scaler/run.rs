@@ -832,6 +832,18 @@ impl<P: Provider + 'static> Inner<P> {
         }
     }
 
+    /// Deletes `machine` at the provider if this replica still leads ([`Self::fenced`]);
+    /// `None` when it does not.
+    async fn delete_machine(&self, group: &str, machine: &str) -> Option<provider::Result<()>> {
+        if !self
+            .fenced(group, &format!("delete machine {machine}"))
+            .await
+        {
+            return None;
+        }
+        Some(self.provider.delete(machine).await)
+    }
+
     /// Whether this replica may do an irreversible act now ([`Elector::confirm`]): create or
     /// delete a machine, mint a token, delete a Node. A refusal is logged with what was not
     /// done and counted as failure kind `fenced`.
@@ -876,13 +888,10 @@ impl<P: Provider + 'static> Inner<P> {
             )
             .await;
         }
-        if !self
-            .fenced(group, &format!("delete machine {machine}"))
-            .await
-        {
+        let Some(deleted) = self.delete_machine(group, machine).await else {
             return;
-        }
-        match self.provider.delete(machine).await {
+        };
+        match deleted {
             Ok(()) => {
                 if let Some(n) = node {
                     self.delete_node(n).await;
@@ -1182,15 +1191,12 @@ impl<P: Provider + 'static> Inner<P> {
                 return;
             }
         }
-        if !self
-            .fenced(group, &format!("delete machine {machine}"))
-            .await
-        {
-            // The node stays cordoned with nodeward's scale-down record: the leader
-            // finishes the scale-down.
+        // Not the leader any more: the node stays cordoned with nodeward's scale-down record,
+        // and the leader finishes the scale-down.
+        let Some(deleted) = self.delete_machine(group, machine).await else {
             return;
-        }
-        match self.provider.delete(machine).await {
+        };
+        match deleted {
             Ok(()) => {
                 self.delete_node(node).await;
                 self.metrics
