@@ -111,42 +111,58 @@ fn eviction(ns: &str, name: &str) -> Value {
     json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns}})
 }
 
-/// Waits until every budget in `ns` reports status for its current generation and `ready`
-/// pods of `app` are Ready (the real disruption controller and kwok act asynchronously).
+/// Waits until `pods` of `ns` are Ready and every budget in `ns` reports status for its current
+/// generation with as many healthy pods as Ready pods its selector (`matchLabels`) selects (the
+/// real disruption controller and kwok act asynchronously, and the controller recomputes on
+/// pod changes after the budget's own).
 async fn settle(t: &mut Transcript, client: &kube::Client, ns: &str, pods: &[&str]) {
     let t0 = std::time::Instant::now();
     loop {
-        let (_, list) = call(
+        let (_, budgets) = call(
             client,
             "GET",
             &format!("/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"),
             None,
         )
         .await;
-        let budgets_done =
-            list["items"].as_array().into_iter().flatten().all(|b| {
-                b.pointer("/status/observedGeneration") == b.pointer("/metadata/generation")
-            });
-        let mut ready = 0;
-        for p in pods {
-            let (_, v) = call(
-                client,
-                "GET",
-                &format!("/api/v1/namespaces/{ns}/pods/{p}"),
-                None,
-            )
-            .await;
-            let ok = v
-                .pointer("/status/conditions")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-            ready += usize::from(ok);
-        }
+        let (_, all) = call(
+            client,
+            "GET",
+            &format!("/api/v1/namespaces/{ns}/pods"),
+            None,
+        )
+        .await;
+        let all: Vec<&Value> = all["items"].as_array().into_iter().flatten().collect();
+        let is_ready = |p: &Value| {
+            p.pointer("/metadata/deletionTimestamp").is_none()
+                && p.pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        };
+        let ready = all
+            .iter()
+            .filter(|p| pods.contains(&p["metadata"]["name"].as_str().unwrap_or("")) && is_ready(p))
+            .count();
+        let budgets_done = budgets["items"].as_array().into_iter().flatten().all(|b| {
+            let labels = b
+                .pointer("/spec/selector/matchLabels")
+                .and_then(Value::as_object);
+            let healthy = all
+                .iter()
+                .filter(|p| {
+                    is_ready(p)
+                        && labels.is_some_and(|m| {
+                            m.iter().all(|(k, v)| p["metadata"]["labels"][k] == *v)
+                        })
+                })
+                .count();
+            b.pointer("/status/observedGeneration") == b.pointer("/metadata/generation")
+                && b.pointer("/status/currentHealthy").and_then(Value::as_u64)
+                    == Some(healthy as u64)
+        });
         if budgets_done && ready == pods.len() {
-            // The disruption controller recomputes on pod changes too; one more beat.
-            tokio::time::sleep(Duration::from_millis(300)).await;
             t.push(format!("settled: {} pods Ready", pods.len()));
             return;
         }
