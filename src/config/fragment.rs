@@ -301,6 +301,8 @@ fragment!(
         project_id: u64,
         /// Token file.
         token_file: PathBuf,
+        /// CA certificates for the API.
+        ca_file: PathBuf,
         /// Request timeout.
         request_timeout: Period,
     }
@@ -326,6 +328,7 @@ impl CherryFragment {
             api_url: self.api_url.map_or(d.api_url, |u| u.0),
             project_id: self.project_id.or(d.project_id),
             token_file: self.token_file.or(d.token_file),
+            ca_file: self.ca_file.or(d.ca_file),
             request_timeout: self.request_timeout.map_or(d.request_timeout, |t| t.0),
         }
     }

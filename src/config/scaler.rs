@@ -120,6 +120,9 @@ pub struct CherrySettings {
     pub project_id: Option<u64>,
     /// File holding the API token; else `CHERRY_AUTH_TOKEN` is read.
     pub token_file: Option<PathBuf>,
+    /// PEM file of CA certificates trusted for the API, on top of the usual roots (an endpoint
+    /// behind a private CA).
+    pub ca_file: Option<PathBuf>,
     /// Per-request timeout.
     pub request_timeout: Duration,
 }
@@ -574,6 +577,7 @@ impl Default for ScalerSettings {
                 api_url: "https://api.cherryservers.com/v1/".into(),
                 project_id: None,
                 token_file: None,
+                ca_file: None,
                 // A create answers within seconds; a minute covers a slow API without hanging
                 // a pass forever.
                 request_timeout: Duration::from_secs(60),

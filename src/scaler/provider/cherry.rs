@@ -112,6 +112,22 @@ struct Memory {
     unit: String,
 }
 
+/// The CA certificates in PEM file `path` (`scaler.cherry.ca_file`): at least one.
+fn trusted(path: &std::path::Path) -> std::result::Result<Vec<reqwest::Certificate>, String> {
+    let refused = |why: String| {
+        format!(
+            "scaler.cherry.ca_file {}: {why}; expected a PEM file of CA certificates",
+            path.display()
+        )
+    };
+    let pem = std::fs::read(path).map_err(|e| refused(e.to_string()))?;
+    match reqwest::Certificate::from_pem_bundle(&pem) {
+        Ok(certs) if !certs.is_empty() => Ok(certs),
+        Ok(_) => Err(refused("no certificate in it".into())),
+        Err(e) => Err(refused(e.to_string())),
+    }
+}
+
 impl Cherry {
     /// A client from `[scaler.cherry]`; the token comes from `token_file` or [`TOKEN_ENV`]
     /// (passed in, so tests need not touch the environment).
@@ -154,9 +170,15 @@ impl Cherry {
         if token.is_empty() {
             return Err(config("the API token is empty".into()));
         }
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .timeout(s.request_timeout)
-            .user_agent(concat!("nodeward-scaler/", env!("CARGO_PKG_VERSION")))
+            .user_agent(concat!("nodeward-scaler/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = &s.ca_file {
+            for cert in trusted(path).map_err(config)? {
+                http = http.add_root_certificate(cert);
+            }
+        }
+        let http = http
             .build()
             .map_err(|e| config(format!("cannot build the HTTP client: {e}")))?;
         Ok(Self {
