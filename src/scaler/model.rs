@@ -660,7 +660,6 @@ pub fn pod_view(pod: &Pod, leave: &LeaveContext<'_>) -> Option<PodView> {
         return None;
     }
     let spec = pod.spec.as_ref()?;
-    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let requests = pod_requests(spec);
     let affinity_terms = required_node_affinity(spec);
     let unschedulable = is_unschedulable(spec, status);
@@ -687,7 +686,12 @@ pub fn pod_view(pod: &Pod, leave: &LeaveContext<'_>) -> Option<PodView> {
             .collect(),
         unschedulable,
         fate,
-        safe_to_evict: annotations.get(SAFE_TO_EVICT).map(|v| v == "true"),
+        safe_to_evict: pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SAFE_TO_EVICT))
+            .map(|v| v == "true"),
         host_path: spec.volumes.iter().flatten().any(|v| v.host_path.is_some()),
     })
 }
