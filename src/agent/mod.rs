@@ -57,15 +57,15 @@ use crate::systemd::notify;
 use state::{Action, Lock, LockEvent, Phase, PhaseEvent, View};
 use status::{DrainSummary, ShutdownOutcome, Status};
 
-/// First wait before reconnecting to the bus or retrying the lock; doubles up to
-/// [`LOGIND_RETRY_MAX`]. The bus being gone has no event to wait for, and the lock must be back
-/// within about a second of logind or the bus returning.
 /// How long each of the agent's Kubernetes requests may wait for its answer to begin. Its event
 /// loop both makes requests (the readiness condition, the cordon) and answers logind; a request
 /// under way when PrepareForShutdown arrives delays the drain by at most this. The agent's
 /// requests are small (one Node, one eviction), so a third of the general deadline.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 
+/// First wait before reconnecting to the bus or retrying the lock; doubles up to
+/// [`LOGIND_RETRY_MAX`]. The bus being gone has no event to wait for, and the lock must be back
+/// within about a second of logind or the bus returning.
 const LOGIND_RETRY_MIN: Duration = Duration::from_millis(100);
 /// Longest wait between reconnection attempts: keeps "lock back within about a second".
 const LOGIND_RETRY_MAX: Duration = Duration::from_secs(1);
