@@ -80,6 +80,16 @@ async fn wait_pods(
     }
 }
 
+/// Deployment `name`'s `spec.replicas`.
+async fn spec_replicas(client: &kube::Client, ns: &str, name: &str) -> Option<i32> {
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .expect("get deployment")
+        .spec
+        .and_then(|s| s.replicas)
+}
+
 /// Waits until `n` replacements of the `web` pods run Ready on `spare`.
 async fn wait_replaced(admin: &kube::Client, ns: &str, spare: &str, n: usize) {
     let what = format!("{n} replacements Ready on the spare");
@@ -934,12 +944,7 @@ async fn surge_keeps_a_single_replica_serving(cluster: Cluster) {
         },
     )
     .await;
-    let held_replicas = Api::<Deployment>::namespaced(admin.clone(), &ns)
-        .get("solo")
-        .await
-        .expect("solo")
-        .spec
-        .and_then(|s| s.replicas);
+    let held_replicas = spec_replicas(&admin, &ns, "solo").await;
     hold(serde_json::Value::Null).await;
     let out = drained
         .await
@@ -956,12 +961,7 @@ async fn surge_keeps_a_single_replica_serving(cluster: Cluster) {
     ] {
         assert_eq!(log.matches(said).count(), 1, "{said:?} once in:\n{log}");
     }
-    let replicas = Api::<Deployment>::namespaced(admin.clone(), &ns)
-        .get("solo")
-        .await
-        .expect("solo")
-        .spec
-        .and_then(|s| s.replicas);
+    let replicas = spec_replicas(&admin, &ns, "solo").await;
     wait_pods(
         &admin,
         &ns,
