@@ -84,12 +84,14 @@ impl Agent {
         let files = FileWatcher::new(paths.collect(), file_tx)?;
         self.facts.files = files.read_all();
         let (kc_tx, kc_rx) = unbounded_channel();
-        let kc_files = match (&self.client, &self.kubeconfig) {
+        let kc_files = match (&self.api.client, &self.api.kubeconfig) {
             (None, Some(path)) => Some(FileWatcher::new(vec![path.clone()], kc_tx)?),
             _ => None,
         };
-        if self.client.is_none() {
-            self.load_kubeconfig().await;
+        if self.api.client.is_none() {
+            self.api
+                .load_kubeconfig(&self.report.metrics.api_errors)
+                .await;
         }
         let watchdog = sd_notify::watchdog_enabled();
         let mut src = Sources {
@@ -133,7 +135,7 @@ impl Agent {
         let probing = !self.settings.gates.http.is_empty();
         self.publish();
         loop {
-            let (reconcile_at, logind_at) = (self.reconcile_retry_at, self.logind_retry_at);
+            let (reconcile_at, logind_at) = (self.api.reconcile_retry_at, self.logind.retry_at);
             let watch_deadline = !self.overdue_reported && self.phase.gates_act();
             let ready_pending = !self.notified_ready;
             tokio::select! {
@@ -147,8 +149,8 @@ impl Agent {
                 ev = next_or_pending(&mut src.logind_events) => self.on_logind_event(ev, &mut src).await,
                 Some(()) = src.file_rx.recv() => self.on_gate_files(&mut src).await?,
                 Some(()) = src.kc_rx.recv(), if src.kc_files.is_some() => self.on_kubeconfig_written(&mut src).await?,
-                _ = sleep_until_opt(self.kubeconfig_retry_at), if src.kc_files.is_some() => {
-                    self.load_kubeconfig().await;
+                _ = sleep_until_opt(self.api.kubeconfig_retry_at), if src.kc_files.is_some() => {
+                    self.api.load_kubeconfig(&self.report.metrics.api_errors).await;
                     self.connect_api(&mut src);
                 }
                 Some(ev) = next_or_pending(&mut src.node_events) => self.on_node_event(ev).await,
@@ -165,7 +167,7 @@ impl Agent {
                 }
                 _ = sleep_until_opt(src.access_retry_at), if src.access_check.is_none() => {
                     src.access_retry_at = None;
-                    src.access_check = self.client.as_ref().map(|c| self.check_access(c));
+                    src.access_check = self.api.client.as_ref().map(|c| self.check_access(c));
                 }
                 results = future_or_pending(&mut src.probe) => {
                     src.probe = None;
@@ -175,7 +177,7 @@ impl Agent {
                 _ = src.http_tick.tick(), if probing && src.probe.is_none() => src.probe = Some(self.probe_http(&src.http_client)),
                 _ = src.kubelet_lock_tick.tick() => if self.list_kubelet_locks().await { self.reconcile().await },
                 _ = sleep_until_opt(reconcile_at) => {
-                    self.reconcile_retry_at = None;
+                    self.api.reconcile_retry_at = None;
                     self.reconcile().await;
                 }
                 _ = sleep_until_opt(logind_at) => self.on_logind_retry(&mut src).await,
@@ -193,7 +195,7 @@ impl Agent {
     /// Once there is a client: the drain-access check and the watches of the own Node and pods,
     /// which replace the kubeconfig's file watch.
     fn connect_api(&mut self, src: &mut Sources) {
-        let Some(c) = self.client.clone() else {
+        let Some(c) = self.api.client.clone() else {
             return;
         };
         src.kc_files = None;
@@ -206,14 +208,13 @@ impl Agent {
     async fn on_logind_event(&mut self, ev: Option<LogindEvent>, src: &mut Sources) {
         let Some(ev) = ev else {
             warn!("lost the D-Bus connection; reconnecting");
-            self.logind = None;
+            self.logind.lost();
             src.logind_events = None;
-            self.logind_retry_at = Some(Instant::now() + self.logind_backoff);
             return;
         };
         if let Some(d) = self.on_logind(ev).await {
             src.drain = Some(d);
-            src.progress.clone_from(&self.drain_progress);
+            src.progress.clone_from(&self.report.drain_progress);
             // The drain unit's ExecStop waits for the outcome in the status file, which must
             // say "draining" before the unit is stopped.
             self.publish();
@@ -227,8 +228,8 @@ impl Agent {
 
     /// Time to reconnect to the bus, or to take the lock again.
     async fn on_logind_retry(&mut self, src: &mut Sources) {
-        self.logind_retry_at = None;
-        if self.logind.is_none() {
+        self.logind.retry_at = None;
+        if self.logind.conn.is_none() {
             src.logind_events = self.connect_logind().await;
         } else if self.wants_lock() && self.lock != super::Lock::Held {
             self.take_lock().await;
@@ -249,8 +250,10 @@ impl Agent {
         if let Some(w) = src.kc_files.as_mut() {
             w.rearm()?;
         }
-        self.kubeconfig_backoff = KUBECONFIG_RETRY_MIN;
-        self.load_kubeconfig().await;
+        self.api.kubeconfig_backoff = KUBECONFIG_RETRY_MIN;
+        self.api
+            .load_kubeconfig(&self.report.metrics.api_errors)
+            .await;
         self.connect_api(src);
         Ok(())
     }
@@ -258,12 +261,12 @@ impl Agent {
     async fn on_node_event(&mut self, ev: watcher::Result<watcher::Event<Node>>) {
         match ev {
             Ok(ev) => {
-                self.api_answered();
+                self.api.answered(&self.node);
                 self.apply_node(ev);
             }
             Err(e) => {
                 self.node_watch.abandon_relist();
-                self.api_failed("node watch", &e.to_string());
+                self.api.failed(&self.node, "node watch", &e.to_string());
             }
         }
         self.reconcile().await;
@@ -272,12 +275,12 @@ impl Agent {
     async fn on_pod_event(&mut self, ev: watcher::Result<watcher::Event<Pod>>) {
         match ev {
             Ok(ev) => {
-                self.api_answered();
+                self.api.answered(&self.node);
                 self.pods.apply(&ev);
             }
             Err(e) => {
                 self.pods.abandon_relist();
-                self.api_failed("pod watch", &e.to_string());
+                self.api.failed(&self.node, "pod watch", &e.to_string());
             }
         }
         self.reconcile().await;
@@ -307,7 +310,7 @@ impl Agent {
     /// The loop is over: tell systemd, close the lock (without a drain) and say so.
     fn stopped(&mut self) {
         notify(&[sd_notify::NotifyState::Stopping]);
-        if self.lock_fd.take().is_some() {
+        if self.logind.lock_fd.take().is_some() {
             self.lock_to(super::LockEvent::Dropped);
         }
         self.publish();

@@ -16,8 +16,8 @@ impl Agent {
         let conn = match Logind::connect().await {
             Ok(c) => c,
             Err(e) => {
-                warn!(error = %e, retry_in = ?self.logind_backoff, "cannot reach the system bus");
-                self.schedule_logind_retry();
+                warn!(error = %e, retry_in = ?self.logind.backoff, "cannot reach the system bus");
+                self.logind.schedule_retry();
                 return None;
             }
         };
@@ -26,12 +26,12 @@ impl Agent {
             Ok(ev) => ev,
             Err(e) => {
                 warn!(error = %e, "cannot subscribe to logind's signals");
-                self.schedule_logind_retry();
+                self.logind.schedule_retry();
                 return None;
             }
         };
-        self.logind = Some(conn);
-        self.logind_backoff = LOGIND_RETRY_MIN;
+        self.logind.conn = Some(conn);
+        self.logind.backoff = LOGIND_RETRY_MIN;
         if self.wants_lock() {
             self.take_lock().await;
         }
@@ -41,7 +41,7 @@ impl Agent {
     /// Lists kubelet's shutdown delay locks into the facts (none without logind); true when they
     /// changed. A failed listing keeps what was known.
     pub(super) async fn list_kubelet_locks(&mut self) -> bool {
-        let pids: Vec<u32> = match &self.logind {
+        let pids: Vec<u32> = match &self.logind.conn {
             None => Vec::new(),
             Some(l) => {
                 match tokio::time::timeout(Duration::from_secs(2), l.list_inhibitors()).await {
@@ -67,16 +67,11 @@ impl Agent {
         true
     }
 
-    pub(super) fn schedule_logind_retry(&mut self) {
-        self.logind_retry_at = Some(Instant::now() + self.logind_backoff);
-        self.logind_backoff = (self.logind_backoff * 2).min(LOGIND_RETRY_MAX);
-    }
-
     /// Takes a new lock; an already held one is closed only after the new one is in hand, so
     /// there is never a moment without a lock and never two left behind (logind keeps locks
     /// across its own restart).
     pub(super) async fn take_lock(&mut self) {
-        let Some(l) = self.logind.clone() else {
+        let Some(l) = self.logind.conn.clone() else {
             return;
         };
         match l.take_lock().await {
@@ -86,16 +81,16 @@ impl Agent {
                 } else {
                     LockEvent::Taken
                 };
-                drop(self.lock_fd.replace(fd));
+                drop(self.logind.lock_fd.replace(fd));
                 self.lock_to(ev);
                 self.lock_takes += 1;
-                self.logind_backoff = LOGIND_RETRY_MIN;
+                self.logind.backoff = LOGIND_RETRY_MIN;
                 info!(who = logind::WHO, event = ?ev, "shutdown delay lock held");
                 self.check_logind(&l).await;
                 // kubelet's locks as of now too (the timer follows later ones); the gates are
                 // re-decided on the loop's next turn.
                 if self.list_kubelet_locks().await {
-                    self.reconcile_retry_at = Some(Instant::now());
+                    self.api.reconcile_retry_at = Some(Instant::now());
                 }
             }
             Err(e) if e.is_logind_absent() => {
@@ -104,12 +99,12 @@ impl Agent {
             Err(e) if e.is_operation_in_progress() => {
                 // logind refuses new delay locks while a shutdown job is pending; it may still
                 // be cancelled, so keep trying.
-                warn!(error = %e, retry_in = ?self.logind_backoff, "a shutdown is in progress; logind refuses new locks until it is cancelled");
-                self.schedule_logind_retry();
+                warn!(error = %e, retry_in = ?self.logind.backoff, "a shutdown is in progress; logind refuses new locks until it is cancelled");
+                self.logind.schedule_retry();
             }
             Err(e) => {
-                warn!(error = %e, retry_in = ?self.logind_backoff, "cannot take the shutdown delay lock");
-                self.schedule_logind_retry();
+                warn!(error = %e, retry_in = ?self.logind.backoff, "cannot take the shutdown delay lock");
+                self.logind.schedule_retry();
             }
         }
     }
@@ -123,8 +118,8 @@ impl Agent {
         match l.inhibit_delay_max().await {
             Ok(cap) => {
                 self.cap = Some(cap);
-                if logind::cap_too_short(cap, timeout, margin) && !self.cap_fix_tried {
-                    self.cap_fix_tried = true;
+                if logind::cap_too_short(cap, timeout, margin) && !self.logind.cap_fix_tried {
+                    self.logind.cap_fix_tried = true;
                     self.cap = Some(self.raise_cap(l, cap).await);
                 }
             }
@@ -206,5 +201,19 @@ impl Agent {
             }
         }
         seen
+    }
+}
+
+impl LogindLink {
+    /// Tries again after the backoff, which doubles for the next failure.
+    pub(super) fn schedule_retry(&mut self) {
+        self.retry_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(LOGIND_RETRY_MAX);
+    }
+
+    /// The bus connection is gone: reconnect after the backoff as it stands.
+    pub(super) fn lost(&mut self) {
+        self.conn = None;
+        self.retry_at = Some(Instant::now() + self.backoff);
     }
 }

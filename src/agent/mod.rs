@@ -23,6 +23,7 @@
 //! What to do is decided by the pure [`state`] machine and [`crate::gate::evaluate`]; this file
 //! only gathers facts and acts.
 
+mod api;
 mod event_loop;
 mod lock;
 pub mod metrics;
@@ -163,7 +164,7 @@ pub async fn run(settings: Settings, node: String, api: ApiAccess) -> Result<(),
     let mut agent = Agent::new(settings, node, client, kubeconfig);
     // A metrics endpoint that cannot listen is logged; the agent's work goes on without it.
     let _metrics = match metrics_address {
-        Some(addr) => match crate::metrics_http::serve(addr, agent.metrics.clone()).await {
+        Some(addr) => match crate::metrics_http::serve(addr, agent.report.metrics.clone()).await {
             Ok((_, task)) => Some(crate::task::AbortOnDrop(task)),
             Err(e) => {
                 error!(address = %addr, error = %e, "cannot serve metrics (agent.metrics_address)");
@@ -215,28 +216,24 @@ impl Quiet {
     }
 }
 
+/// The agent: its settings and Node, what it knows (the phase, the lock's state, the facts and
+/// what it made of them), and its links to the outside, each with the retry bookkeeping that
+/// belongs to it.
 struct Agent {
     settings: Settings,
+    /// The own Node's name.
     node: String,
-    client: Option<kube::Client>,
-    /// The kubeconfig to wait for while `client` is `None`.
-    kubeconfig: Option<PathBuf>,
-    kubeconfig_state: Option<KubeconfigState>,
-    kubeconfig_retry_at: Option<Instant>,
-    kubeconfig_backoff: Duration,
-    /// The last error from the API server (watch or write), until an answer comes.
-    api_error: Option<String>,
-    api_log: Quiet,
-    write_log: Quiet,
-    reconcile_backoff: Duration,
+    /// The API server: the client, or the kubeconfig to wait for, and how its calls fare.
+    api: ApiLink,
+    /// logind: the bus connection and the lock's fd.
+    logind: LogindLink,
+    /// What the agent tells the operator: systemd's STATUS=, the status file, the metrics.
+    report: Report,
     gates: GateSet,
     phase: Phase,
     lock: Lock,
-    lock_fd: Option<OwnedFd>,
     lock_takes: u32,
-    logind: Option<Logind>,
     cap: Option<Duration>,
-    cap_fix_tried: bool,
     facts: Facts,
     verdict: Verdict,
     /// The own Node as the agent acts on it: the watch's copy, or the agent's own last write
@@ -248,9 +245,6 @@ struct Agent {
     started: Instant,
     overdue_reported: bool,
     own_cordon: bool,
-    reconcile_retry_at: Option<Instant>,
-    logind_retry_at: Option<Instant>,
-    logind_backoff: Duration,
     shutdown_started: Option<(
         Instant,
         jiff::Timestamp,
@@ -259,16 +253,71 @@ struct Agent {
         Duration,
     )>,
     last_drain: Option<DrainSummary>,
-    /// What the running shutdown drain waits on, as it says it (for the status file).
-    drain_progress: Option<tokio::sync::watch::Receiver<Option<crate::drain::explain::Progress>>>,
-    /// Stops nodeward-drain.service during a shutdown drain; true when it stopped an armed unit
-    /// (which a cancelled shutdown then starts again).
-    drain_unit: Option<tokio::task::JoinHandle<bool>>,
     warnings: Vec<String>,
     notified_ready: bool,
-    last_status_line: String,
+}
+
+/// The agent's link to the API server: the client once there is one, and what its calls met,
+/// kept to retry with backoff, to log each distinct error once, and to say what the agent waits
+/// for.
+struct ApiLink {
+    /// `None` until the kubeconfig loads.
+    client: Option<kube::Client>,
+    /// The kubeconfig to wait for while `client` is `None`.
+    kubeconfig: Option<PathBuf>,
+    /// Why the kubeconfig gave no client yet (`None` before the first try and once it did):
+    /// logged when it changes, not at every try.
+    kubeconfig_state: Option<KubeconfigState>,
+    /// When to try an unloadable kubeconfig again without an inotify event.
+    kubeconfig_retry_at: Option<Instant>,
+    /// The wait before that try: [`KUBECONFIG_RETRY_MIN`], doubling up to
+    /// [`KUBECONFIG_RETRY_MAX`].
+    kubeconfig_backoff: Duration,
+    /// The last error from the API server (watch or write), until an answer comes.
+    error: Option<String>,
+    /// The watch errors logged since the last answer.
+    error_log: Quiet,
+    /// The write errors logged since the last reconcile that wrote all it had to.
+    write_log: Quiet,
+    /// When to reconcile again without an event: after a failed write, or at once when
+    /// kubelet's locks changed outside the loop's handlers.
+    reconcile_retry_at: Option<Instant>,
+    /// The wait after a failed write: [`RECONCILE_RETRY`], doubling up to
+    /// [`RECONCILE_RETRY_MAX`].
+    reconcile_backoff: Duration,
+}
+
+/// The agent's link to logind on the system bus: the connection and the lock's fd (the lock's
+/// state is the pure [`state::Lock`] machine's), and the retries that bring both back within
+/// about a second of logind or the bus returning.
+struct LogindLink {
+    /// `None` while the bus is out of reach.
+    conn: Option<Logind>,
+    /// The shutdown delay lock; closing it lets a shutdown go on.
+    lock_fd: Option<OwnedFd>,
+    /// When to reconnect to the bus (without `conn`) or to take the lock again.
+    retry_at: Option<Instant>,
+    /// The wait before that: [`LOGIND_RETRY_MIN`], doubling up to [`LOGIND_RETRY_MAX`].
+    backoff: Duration,
+    /// logind's cap was raised once already: a raise that did not take is reported, not tried
+    /// again at every lock take.
+    cap_fix_tried: bool,
+    /// Stops nodeward-drain.service (systemd, on the same bus) during a shutdown drain; true
+    /// when it stopped an armed unit (which a cancelled shutdown then starts again).
+    drain_unit: Option<tokio::task::JoinHandle<bool>>,
+}
+
+/// What the agent tells the operator: systemd's STATUS= line, the status file `nodeward status`
+/// reads, and the metrics. The line and the file are written only when they change.
+struct Report {
+    /// The status file and what it holds.
     status_file: status::StatusFile,
+    /// The STATUS= line sent to systemd last.
+    last_status_line: String,
+    /// The lock's, the gates' and the drains' metrics, shared with the `/metrics` endpoint.
     metrics: std::sync::Arc<metrics::AgentMetrics>,
+    /// What the running shutdown drain waits on, as it says it (for the status file).
+    drain_progress: Option<tokio::sync::watch::Receiver<Option<crate::drain::explain::Progress>>>,
 }
 
 impl Agent {
@@ -290,26 +339,28 @@ impl Agent {
             started.into_std(),
         );
         Self {
-            status_file: status::StatusFile::new(&settings.agent.status_file),
+            report: Report {
+                status_file: status::StatusFile::new(&settings.agent.status_file),
+                last_status_line: String::new(),
+                metrics: std::sync::Arc::default(),
+                drain_progress: None,
+            },
             settings,
             node,
-            client,
-            kubeconfig,
-            kubeconfig_state: None,
-            kubeconfig_retry_at: None,
-            kubeconfig_backoff: KUBECONFIG_RETRY_MIN,
-            api_error: None,
-            api_log: Quiet::default(),
-            write_log: Quiet::default(),
-            reconcile_backoff: RECONCILE_RETRY,
+            api: ApiLink::new(client, kubeconfig),
+            logind: LogindLink {
+                conn: None,
+                lock_fd: None,
+                retry_at: None,
+                backoff: LOGIND_RETRY_MIN,
+                cap_fix_tried: false,
+                drain_unit: None,
+            },
             gates,
             phase: Phase::Booting,
             lock: Lock::Unheld,
-            lock_fd: None,
             lock_takes: 0,
-            logind: None,
             cap: None,
-            cap_fix_tried: false,
             facts: Facts::default(),
             verdict,
             node_obj: None,
@@ -319,17 +370,10 @@ impl Agent {
             started,
             overdue_reported: false,
             own_cordon: false,
-            reconcile_retry_at: None,
-            logind_retry_at: None,
-            logind_backoff: LOGIND_RETRY_MIN,
             shutdown_started: None,
             last_drain: None,
-            drain_progress: None,
-            drain_unit: None,
             warnings: Vec::new(),
             notified_ready: false,
-            last_status_line: String::new(),
-            metrics: std::sync::Arc::default(),
         }
     }
 
@@ -383,75 +427,6 @@ impl Agent {
                 true
             }
         }
-    }
-
-    /// Tries to build the client from the kubeconfig; logs only what changed.
-    async fn load_kubeconfig(&mut self) {
-        let Some(path) = self.kubeconfig.clone() else {
-            return;
-        };
-        let state = if path.exists() {
-            match crate::kube_client::client_with_deadline(
-                Some(&path),
-                REQUEST_DEADLINE,
-                Some(&self.metrics.api_errors),
-            )
-            .await
-            {
-                Ok(c) => {
-                    info!(kubeconfig = %path.display(), "kubeconfig loaded; watching the Node");
-                    self.client = Some(c);
-                    self.kubeconfig_state = None;
-                    self.kubeconfig_retry_at = None;
-                    return;
-                }
-                Err(e) => {
-                    self.kubeconfig_retry_at = Some(Instant::now() + self.kubeconfig_backoff);
-                    self.kubeconfig_backoff =
-                        (self.kubeconfig_backoff * 2).min(KUBECONFIG_RETRY_MAX);
-                    KubeconfigState::Unloadable(e.to_string())
-                }
-            }
-        } else {
-            self.kubeconfig_retry_at = None;
-            KubeconfigState::Missing
-        };
-        if self.kubeconfig_state.as_ref() != Some(&state) {
-            match &state {
-                KubeconfigState::Missing => {
-                    info!(kubeconfig = %path.display(), "waiting for the kubeconfig (kubeadm join writes it)");
-                }
-                KubeconfigState::Unloadable(e) => {
-                    warn!(kubeconfig = %path.display(), error = %e, "cannot load the kubeconfig; waiting for it to change");
-                }
-            }
-            self.kubeconfig_state = Some(state);
-        }
-    }
-
-    /// A watch failed: remembered for STATUS, logged when it differs from the last failure.
-    fn api_failed(&mut self, what: &str, error: &str) {
-        if self.api_log.changed(error) {
-            warn!(node = %self.node, error = %error, "{what} failed; retrying with backoff (each distinct error logged once until the API answers)");
-        }
-        self.api_error = Some(error.to_string());
-    }
-
-    /// An answer from the API server.
-    fn api_answered(&mut self) {
-        self.api_error = None;
-        if self.api_log.clear() {
-            info!(node = %self.node, "API server answering again");
-        }
-    }
-
-    /// A write to the Node failed: retry later, with backoff, logging only a changed error.
-    fn write_failed(&mut self, what: &str, error: &str) {
-        if self.write_log.changed(error) {
-            warn!(node = %self.node, error = %error, retry_in = ?self.reconcile_backoff, "{what}; retrying with backoff (each distinct error logged once until the API answers)");
-        }
-        self.reconcile_retry_at = Some(Instant::now() + self.reconcile_backoff);
-        self.reconcile_backoff = (self.reconcile_backoff * 2).min(RECONCILE_RETRY_MAX);
     }
 
     fn apply_node(&mut self, ev: watcher::Event<Node>) {
@@ -527,7 +502,7 @@ impl Agent {
     /// again after [`RECONCILE_RETRY`].
     async fn reconcile(&mut self) {
         self.evaluate_gates();
-        let Some(client) = self.client.clone() else {
+        let Some(client) = self.api.client.clone() else {
             return;
         };
         if !self.node_watch.synced() {
@@ -535,14 +510,11 @@ impl Agent {
         }
         for action in state::reconcile(&self.view()) {
             if let Err((what, error)) = self.act(&client, action).await {
-                self.write_failed(what, &error);
+                self.api.write_failed(&self.node, what, &error);
                 return;
             }
         }
-        self.reconcile_backoff = RECONCILE_RETRY;
-        if self.write_log.clear() {
-            info!(node = %self.node, "writes to the Node succeed again");
-        }
+        self.api.writes_succeeded(&self.node);
     }
 
     /// The gates' verdict from the facts as they are now (the Node and pod facts only from
@@ -659,6 +631,7 @@ impl Agent {
             "waiting for logind to take the shutdown lock"
         };
         let kubeconfig = self
+            .api
             .kubeconfig
             .as_deref()
             .map_or_else(|| "the kubeconfig".into(), |p| p.display().to_string());
@@ -669,7 +642,7 @@ impl Agent {
             }
             _ => {}
         }
-        let what = match (&self.kubeconfig_state, &self.api_error) {
+        let what = match (&self.api.kubeconfig_state, &self.api.error) {
             (Some(KubeconfigState::Missing), _) => {
                 format!("waiting for {kubeconfig} (kubeadm join writes it)")
             }
@@ -697,8 +670,8 @@ impl Agent {
         if !self.notified_ready
             && self.lock == Lock::Held
             && (watches_up
-                || self.client.is_none()
-                || self.api_error.is_some()
+                || self.api.client.is_none()
+                || self.api.error.is_some()
                 || self.started.elapsed() >= READY_WITHOUT_API_AFTER)
         {
             self.notified_ready = true;
@@ -710,10 +683,6 @@ impl Agent {
             notify(&[sd_notify::NotifyState::Ready]);
         }
         let line = self.waiting_for();
-        if line != self.last_status_line {
-            notify(&[sd_notify::NotifyState::Status(&line)]);
-            self.last_status_line = line.clone();
-        }
         let n = self.node_obj.as_ref();
         let status = Status {
             pid: std::process::id(),
@@ -730,30 +699,48 @@ impl Agent {
             startup_taint: n.is_some_and(readiness::has_startup_taint),
             cordoned_by: n.and_then(node::cordon_owner),
             last_drain: self.last_drain.clone(),
-            draining: self
-                .drain_progress
-                .as_ref()
-                .and_then(|p| p.borrow().clone()),
+            draining: self.report.draining(),
             warnings: self.warnings_now(),
         };
-        self.export(&status);
+        self.report
+            .publish(status, self.verdict.all_pass, self.started.elapsed());
+    }
+}
+
+impl Report {
+    /// What the running shutdown drain waits on now, if one runs.
+    fn draining(&self) -> Option<crate::drain::explain::Progress> {
+        self.drain_progress
+            .as_ref()
+            .and_then(|p| p.borrow().clone())
+    }
+
+    /// Sends `status`'s line to systemd as STATUS= and rewrites the status file, each when it
+    /// changed; the metrics follow the lock and the gates (`gates_pass`, `since_start` after the
+    /// agent started).
+    fn publish(&mut self, status: Status, gates_pass: bool, since_start: Duration) {
+        if status.waiting_for != self.last_status_line {
+            notify(&[sd_notify::NotifyState::Status(&status.waiting_for)]);
+            self.last_status_line.clone_from(&status.waiting_for);
+        }
+        self.export(&status, gates_pass, since_start);
         if let Err(e) = self.status_file.publish(status) {
             warn!(error = %e, "cannot write the status file; trying again at the next event");
+        }
+    }
+
+    /// The lock and the gates as metrics (the drain's are the drain's own).
+    fn export(&self, status: &Status, gates_pass: bool, since_start: Duration) {
+        let m = &self.metrics;
+        m.lock_held.set(i64::from(status.lock == Lock::Held));
+        m.gates_passing.set(i64::from(gates_pass));
+        if gates_pass {
+            m.gates_passed(since_start);
         }
     }
 }
 
 impl Agent {
-    /// The lock and the gates as metrics (the drain's are the drain's own).
-    fn export(&self, status: &Status) {
-        let m = &self.metrics;
-        m.lock_held.set(i64::from(status.lock == Lock::Held));
-        m.gates_passing.set(i64::from(self.verdict.all_pass));
-        if self.verdict.all_pass {
-            m.gates_passed(self.started.elapsed());
-        }
-    }
-
     /// What an operator should fix: logind's cap as last read, and kubelet's locks as last listed.
     fn warnings_now(&self) -> Vec<String> {
         let kubelet = self.facts.kubelet_shutdown_locks.iter().flatten().map(|pid| {

@@ -25,7 +25,7 @@ impl Agent {
                     // The second of the two signals systemd 255+ sends for one shutdown.
                     return None;
                 }
-                let kind = match (kind, &self.logind) {
+                let kind = match (kind, &self.logind.conn) {
                     (Some(k), _) => k,
                     (None, Some(l)) => l.preparing_kind().await,
                     (None, None) => ShutdownKind::Unknown,
@@ -62,7 +62,7 @@ impl Agent {
         let now = Instant::now();
         self.shutdown_started = Some((now, jiff::Timestamp::now(), kind, policy, deadline));
         let reason = format!("shutdown ({kind:?})").to_lowercase();
-        let Some(client) = self.client.clone() else {
+        let Some(client) = self.api.client.clone() else {
             return Some(Box::pin(
                 async move { outcome(ShutdownOutcome::NoKubeconfig) },
             ));
@@ -70,10 +70,10 @@ impl Agent {
         let node = self.node.clone();
         let exclude_lb = s.drain.exclude_from_load_balancers;
         let mut opts = crate::drain::DrainOptions::for_leaving_node(&s.drain, reason.clone(), true);
-        opts.metrics = Some(self.metrics.drain.clone());
+        opts.metrics = Some(self.report.metrics.drain.clone());
         let (progress, watching) = tokio::sync::watch::channel(None);
         opts.progress = Some(std::sync::Arc::new(progress));
-        self.drain_progress = Some(watching);
+        self.report.drain_progress = Some(watching);
         let until = now + deadline;
         Some(match policy {
             ShutdownPolicy::Nothing => {
@@ -110,10 +110,10 @@ impl Agent {
     /// systemd's shutdown would otherwise stop kubelet only once that ExecStop (a process start
     /// and questions to systemd, seconds on a slow machine) had found nothing to do.
     pub(super) fn stop_drain_unit(&mut self) {
-        let Some(conn) = self.logind.as_ref().map(|l| l.connection().clone()) else {
+        let Some(conn) = self.logind.conn.as_ref().map(|l| l.connection().clone()) else {
             return;
         };
-        self.drain_unit = Some(tokio::spawn(async move {
+        self.logind.drain_unit = Some(tokio::spawn(async move {
             let stop = async {
                 let sd = Systemd::on(&conn).await?;
                 if sd.active_state(DRAIN_UNIT).await? != "active" {
@@ -145,8 +145,8 @@ impl Agent {
     /// Starts nodeward-drain.service again after a cancelled shutdown, if the drain stopped it.
     fn rearm_drain_unit(&mut self) {
         let (Some(stopping), Some(conn)) = (
-            self.drain_unit.take(),
-            self.logind.as_ref().map(|l| l.connection().clone()),
+            self.logind.drain_unit.take(),
+            self.logind.conn.as_ref().map(|l| l.connection().clone()),
         ) else {
             return;
         };
@@ -185,7 +185,7 @@ impl Agent {
         );
         self.phase_to(PhaseEvent::DrainEnded);
         self.last_drain = Some(summary);
-        self.drain_progress = None;
+        self.report.drain_progress = None;
         if self.lock == Lock::Held {
             self.lock_to(LockEvent::ReleasedForShutdown);
         }
@@ -193,7 +193,7 @@ impl Agent {
         // next, reads it to do nothing for a shutdown the agent already handled.
         self.publish();
         // Closing the fd is what lets logind go on.
-        drop(self.lock_fd.take());
+        drop(self.logind.lock_fd.take());
     }
 }
 

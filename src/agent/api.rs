@@ -1,0 +1,101 @@
+//! The agent's side of the API server: the kubeconfig it waits for, and how its calls fare —
+//! retried with backoff, each distinct error logged once until an answer comes.
+
+use super::*;
+
+impl ApiLink {
+    /// With `client` already built, or waiting for `kubeconfig` to give one.
+    pub(super) fn new(client: Option<kube::Client>, kubeconfig: Option<PathBuf>) -> Self {
+        Self {
+            client,
+            kubeconfig,
+            kubeconfig_state: None,
+            kubeconfig_retry_at: None,
+            kubeconfig_backoff: KUBECONFIG_RETRY_MIN,
+            error: None,
+            error_log: Quiet::default(),
+            write_log: Quiet::default(),
+            reconcile_retry_at: None,
+            reconcile_backoff: RECONCILE_RETRY,
+        }
+    }
+
+    /// Tries to build the client from the kubeconfig (its failed requests counted in `errors`);
+    /// logs only what changed.
+    pub(super) async fn load_kubeconfig(&mut self, errors: &crate::kube_client::ApiErrors) {
+        let Some(path) = self.kubeconfig.clone() else {
+            return;
+        };
+        let state = if path.exists() {
+            match crate::kube_client::client_with_deadline(
+                Some(&path),
+                REQUEST_DEADLINE,
+                Some(errors),
+            )
+            .await
+            {
+                Ok(c) => {
+                    info!(kubeconfig = %path.display(), "kubeconfig loaded; watching the Node");
+                    self.client = Some(c);
+                    self.kubeconfig_state = None;
+                    self.kubeconfig_retry_at = None;
+                    return;
+                }
+                Err(e) => {
+                    self.kubeconfig_retry_at = Some(Instant::now() + self.kubeconfig_backoff);
+                    self.kubeconfig_backoff =
+                        (self.kubeconfig_backoff * 2).min(KUBECONFIG_RETRY_MAX);
+                    KubeconfigState::Unloadable(e.to_string())
+                }
+            }
+        } else {
+            self.kubeconfig_retry_at = None;
+            KubeconfigState::Missing
+        };
+        if self.kubeconfig_state.as_ref() != Some(&state) {
+            match &state {
+                KubeconfigState::Missing => {
+                    info!(kubeconfig = %path.display(), "waiting for the kubeconfig (kubeadm join writes it)");
+                }
+                KubeconfigState::Unloadable(e) => {
+                    warn!(kubeconfig = %path.display(), error = %e, "cannot load the kubeconfig; waiting for it to change");
+                }
+            }
+            self.kubeconfig_state = Some(state);
+        }
+    }
+
+    /// A watch of `node`'s objects failed: remembered for STATUS, logged when it differs from
+    /// the failures before.
+    pub(super) fn failed(&mut self, node: &str, what: &str, error: &str) {
+        if self.error_log.changed(error) {
+            warn!(node = %node, error = %error, "{what} failed; retrying with backoff (each distinct error logged once until the API answers)");
+        }
+        self.error = Some(error.to_string());
+    }
+
+    /// An answer from the API server.
+    pub(super) fn answered(&mut self, node: &str) {
+        self.error = None;
+        if self.error_log.clear() {
+            info!(node = %node, "API server answering again");
+        }
+    }
+
+    /// A write to the Node failed: retry later, with backoff, logging only a changed error.
+    pub(super) fn write_failed(&mut self, node: &str, what: &str, error: &str) {
+        if self.write_log.changed(error) {
+            warn!(node = %node, error = %error, retry_in = ?self.reconcile_backoff, "{what}; retrying with backoff (each distinct error logged once until the API answers)");
+        }
+        self.reconcile_retry_at = Some(Instant::now() + self.reconcile_backoff);
+        self.reconcile_backoff = (self.reconcile_backoff * 2).min(RECONCILE_RETRY_MAX);
+    }
+
+    /// Every write a reconcile had to make succeeded: the backoff starts over.
+    pub(super) fn writes_succeeded(&mut self, node: &str) {
+        self.reconcile_backoff = RECONCILE_RETRY;
+        if self.write_log.clear() {
+            info!(node = %node, "writes to the Node succeed again");
+        }
+    }
+}
