@@ -65,6 +65,34 @@ impl ApiLink {
         }
     }
 
+    /// What keeps the agent from the API server, as its status line says it: the kubeconfig
+    /// missing or not loading, or the last error until an answer comes; `None` when nothing
+    /// does. A kubeconfig problem comes first: without a client there are no calls to fail.
+    pub(super) fn blocked(&self) -> Option<String> {
+        let kubeconfig = || {
+            self.kubeconfig
+                .as_deref()
+                .map_or_else(|| "the kubeconfig".into(), |p| p.display().to_string())
+        };
+        match (&self.kubeconfig_state, &self.error) {
+            (Some(KubeconfigState::Missing), _) => Some(format!(
+                "waiting for {} (kubeadm join writes it)",
+                kubeconfig()
+            )),
+            (Some(KubeconfigState::Unloadable(e)), _) => Some(format!(
+                "cannot load {}: {e}; waiting for it to change",
+                kubeconfig()
+            )),
+            (None, Some(e)) => Some(format!("API server unreachable: {e}")),
+            (None, None) => None,
+        }
+    }
+
+    /// No call reaches the API server now: there is no client yet, or the last call failed.
+    pub(super) fn out_of_reach(&self) -> bool {
+        self.client.is_none() || self.error.is_some()
+    }
+
     /// A watch of `node`'s objects failed: remembered for STATUS, logged when it differs from
     /// the failures before.
     pub(super) fn failed(&mut self, node: &str, what: &str, error: &str) {

@@ -1,7 +1,7 @@
 //! The agent's event loop in phases: what it waits on ([`Sources`], set up by
 //! [`Agent::sources`]), one `select!` over them ([`Agent::main`]), and one handler per kind of
-//! event. Each handler changes the agent's state and may reconcile; [`Agent::main`] publishes the
-//! status after every event.
+//! event. Each handler puts what it got into what the agent knows (`Agent::known`) and may
+//! reconcile; [`Agent::main`] publishes the status after every event.
 
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -82,7 +82,7 @@ impl Agent {
         let (file_tx, file_rx) = unbounded_channel();
         let paths = self.settings.gates.file.iter().map(|f| f.path.clone());
         let files = FileWatcher::new(paths.collect(), file_tx)?;
-        self.facts.files = files.read_all();
+        self.known.facts.files = files.read_all();
         let (kc_tx, kc_rx) = unbounded_channel();
         let kc_files = match (&self.api.client, &self.api.kubeconfig) {
             (None, Some(path)) => Some(FileWatcher::new(vec![path.clone()], kc_tx)?),
@@ -116,12 +116,13 @@ impl Agent {
             ),
             drain: None,
             progress: None,
-            ready_anyway_at: self.started + READY_WITHOUT_API_AFTER,
+            ready_anyway_at: self.known.started + READY_WITHOUT_API_AFTER,
             // A deadline too far to represent (a config of years) is as good as none.
             boot_deadline_at: self
+                .known
                 .started
                 .checked_add(self.settings.agent.boot_deadline)
-                .unwrap_or_else(|| self.started + FAR_FUTURE),
+                .unwrap_or_else(|| self.known.started + FAR_FUTURE),
         };
         self.connect_api(&mut src);
         Ok(src)
@@ -130,14 +131,14 @@ impl Agent {
     /// Runs until SIGTERM or SIGINT (neither is a shutdown: the lock is closed without a
     /// drain); a shutdown's drain runs inside the loop, as one of its futures.
     pub(super) async fn main(&mut self) -> Result<(), Error> {
-        info!(node = %self.node, gates = self.gates.gates.len(), "agent starting");
+        info!(node = %self.node, gates = self.known.gates.gates.len(), "agent starting");
         let mut src = self.sources().await?;
         let probing = !self.settings.gates.http.is_empty();
         self.publish();
         loop {
             let (reconcile_at, logind_at) = (self.api.reconcile_retry_at, self.logind.retry_at);
-            let watch_deadline = !self.overdue_reported && self.phase.gates_act();
-            let ready_pending = !self.notified_ready;
+            let watch_deadline = !self.known.overdue_reported && self.known.phase.gates_act();
+            let ready_pending = !self.known.notified_ready;
             tokio::select! {
                 // In this order, before anything that may call the API server: logind's
                 // announcement of a shutdown is never kept waiting behind a retry of a
@@ -171,7 +172,7 @@ impl Agent {
                 }
                 results = future_or_pending(&mut src.probe) => {
                     src.probe = None;
-                    self.facts.http = results.into_iter().collect();
+                    self.known.facts.http = results.into_iter().collect();
                     self.reconcile().await;
                 }
                 _ = src.http_tick.tick(), if probing && src.probe.is_none() => src.probe = Some(self.probe_http(&src.http_client)),
@@ -220,7 +221,7 @@ impl Agent {
             self.publish();
             self.stop_drain_unit();
         }
-        if matches!(self.phase, Phase::Gated | Phase::Ready) && src.drain.is_some() {
+        if matches!(self.known.phase, Phase::Gated | Phase::Ready) && src.drain.is_some() {
             // A cancelled shutdown: stop draining.
             src.drain = None;
         }
@@ -231,7 +232,7 @@ impl Agent {
         self.logind.retry_at = None;
         if self.logind.conn.is_none() {
             src.logind_events = self.connect_logind().await;
-        } else if self.wants_lock() && self.lock != super::Lock::Held {
+        } else if self.known.wants_lock() && self.known.lock != super::Lock::Held {
             self.take_lock().await;
         }
     }
@@ -239,7 +240,7 @@ impl Agent {
     async fn on_gate_files(&mut self, src: &mut Sources) -> Result<(), Error> {
         while src.file_rx.try_recv().is_ok() {}
         src.files.rearm()?;
-        self.facts.files = src.files.read_all();
+        self.known.facts.files = src.files.read_all();
         self.reconcile().await;
         Ok(())
     }
@@ -262,10 +263,10 @@ impl Agent {
         match ev {
             Ok(ev) => {
                 self.api.answered(&self.node);
-                self.apply_node(ev);
+                self.known.apply_node(&self.node, ev);
             }
             Err(e) => {
-                self.node_watch.abandon_relist();
+                self.known.node_watch.abandon_relist();
                 self.api.failed(&self.node, "node watch", &e.to_string());
             }
         }
@@ -276,10 +277,10 @@ impl Agent {
         match ev {
             Ok(ev) => {
                 self.api.answered(&self.node);
-                self.pods.apply(&ev);
+                self.known.pods.apply(&ev);
             }
             Err(e) => {
-                self.pods.abandon_relist();
+                self.known.pods.abandon_relist();
                 self.api.failed(&self.node, "pod watch", &e.to_string());
             }
         }
@@ -311,7 +312,7 @@ impl Agent {
     fn stopped(&mut self) {
         notify(&[sd_notify::NotifyState::Stopping]);
         if self.logind.lock_fd.take().is_some() {
-            self.lock_to(super::LockEvent::Dropped);
+            self.known.lock_to(super::LockEvent::Dropped);
         }
         self.publish();
         info!(node = %self.node, "agent stopped; lock closed");

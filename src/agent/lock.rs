@@ -5,13 +5,6 @@
 use super::*;
 
 impl Agent {
-    pub(super) fn lock_to(&mut self, ev: LockEvent) {
-        match self.lock.on(ev) {
-            Ok(l) => self.lock = l,
-            Err(r) => warn!(refused = %r, "lock transition refused"),
-        }
-    }
-
     pub(super) async fn connect_logind(&mut self) -> Option<BoxStream<'static, LogindEvent>> {
         let conn = match Logind::connect().await {
             Ok(c) => c,
@@ -32,7 +25,7 @@ impl Agent {
         };
         self.logind.conn = Some(conn);
         self.logind.backoff = LOGIND_RETRY_MIN;
-        if self.wants_lock() {
+        if self.known.wants_lock() {
             self.take_lock().await;
         }
         Some(events)
@@ -57,13 +50,13 @@ impl Agent {
                 }
             }
         };
-        if self.facts.kubelet_shutdown_locks.as_ref() == Some(&pids) {
+        if self.known.facts.kubelet_shutdown_locks.as_ref() == Some(&pids) {
             return false;
         }
         if !pids.is_empty() {
             error!(node = %self.node, kubelet_pids = ?pids, "kubelet's graceful node shutdown is on: it would kill pods without evictions at power-off; the node stays gated until shutdownGracePeriod is 0s");
         }
-        self.facts.kubelet_shutdown_locks = Some(pids);
+        self.known.facts.kubelet_shutdown_locks = Some(pids);
         true
     }
 
@@ -76,14 +69,14 @@ impl Agent {
         };
         match l.take_lock().await {
             Ok(fd) => {
-                let ev = if self.lock == Lock::Held {
+                let ev = if self.known.lock == Lock::Held {
                     LockEvent::Replaced
                 } else {
                     LockEvent::Taken
                 };
                 drop(self.logind.lock_fd.replace(fd));
-                self.lock_to(ev);
-                self.lock_takes += 1;
+                self.known.lock_to(ev);
+                self.known.lock_takes += 1;
                 self.logind.backoff = LOGIND_RETRY_MIN;
                 info!(who = logind::WHO, event = ?ev, "shutdown delay lock held");
                 self.check_logind(&l).await;
@@ -117,15 +110,15 @@ impl Agent {
         let mut warnings = Vec::new();
         match l.inhibit_delay_max().await {
             Ok(cap) => {
-                self.cap = Some(cap);
+                self.known.cap = Some(cap);
                 if logind::cap_too_short(cap, timeout, margin) && !self.logind.cap_fix_tried {
                     self.logind.cap_fix_tried = true;
-                    self.cap = Some(self.raise_cap(l, cap).await);
+                    self.known.cap = Some(self.raise_cap(l, cap).await);
                 }
             }
             Err(e) => warn!(error = %e, "cannot read logind's InhibitDelayMaxUSec"),
         }
-        if let Some(cap) = self.cap
+        if let Some(cap) = self.known.cap
             && logind::cap_too_short(cap, timeout, margin)
         {
             let w = format!(
@@ -135,7 +128,7 @@ impl Agent {
             error!(cap = ?cap, "{w}");
             warnings.push(w);
         }
-        self.warnings = warnings;
+        self.known.warnings = warnings;
     }
 
     /// Writes the drop-in, SIGHUPs logind and re-reads the cap; returns the cap seen last.

@@ -20,11 +20,21 @@
 //!
 //! One task owns all state and reacts to events — watches on the own Node and pods, inotify,
 //! logind's signals and bus name, Unix signals — so nothing polls and nothing needs a lock.
-//! What to do is decided by the pure [`state`] machine and [`crate::gate::evaluate`]; this file
-//! only gathers facts and acts.
+//! The agent's state comes in two kinds of part:
+//!
+//! - what it *knows* (`Known`): the phase, the lock's state, the facts, the gates' verdict, the
+//!   Node as last seen. Plain data: what to do is decided from it and the time by the pure
+//!   [`state`] machine, [`crate::gate::evaluate`] and `Known`'s methods (`known.rs`).
+//! - its *links* to the outside, each holding its handle and its retries: `ApiLink` (the client,
+//!   or the kubeconfig awaited; `api.rs`), `LogindLink` (the bus and the lock's fd; `lock.rs`)
+//!   and `Report` (systemd's STATUS=, the status file, the metrics).
+//!
+//! This file, `event_loop.rs` and `shutdown.rs` only gather facts into `Known` and act through
+//! the links.
 
 mod api;
 mod event_loop;
+mod known;
 mod lock;
 pub mod metrics;
 pub mod node;
@@ -216,45 +226,83 @@ impl Quiet {
     }
 }
 
-/// The agent: its settings and Node, what it knows (the phase, the lock's state, the facts and
-/// what it made of them), and its links to the outside, each with the retry bookkeeping that
-/// belongs to it.
+/// The agent: its settings and Node, what it knows, and its links to the outside. The event
+/// loop's handlers (`event_loop.rs`) put what the links deliver into `known`; the decisions are
+/// read off `known` (`known.rs`, [`state::reconcile`]); acting on them goes through the links.
 struct Agent {
     settings: Settings,
     /// The own Node's name.
     node: String,
+    /// What the agent knows and decides on: plain data, no handle on anything outside.
+    known: Known,
     /// The API server: the client, or the kubeconfig to wait for, and how its calls fare.
     api: ApiLink,
     /// logind: the bus connection and the lock's fd.
     logind: LogindLink,
     /// What the agent tells the operator: systemd's STATUS=, the status file, the metrics.
     report: Report,
+}
+
+/// What the agent knows: the facts gathered so far and what it made of them. Plain data, with
+/// no handle on the API server, the bus or a file, so every decision on it is a function of it
+/// and `now` ([`Known::view`], [`Known::waiting_for`], [`Known::ready_due`], ...).
+struct Known {
+    /// The gates to decide and the boot deadline, from the settings.
     gates: GateSet,
+    /// Where the node is in its life.
     phase: Phase,
+    /// The shutdown delay lock, as its state machine has it (its fd is
+    /// [`LogindLink::lock_fd`]).
     lock: Lock,
+    /// How many times the lock was taken: more than once after logind or the bus restarted.
     lock_takes: u32,
+    /// logind's cap on a delay lock as last read: a shutdown drain's deadline is cut to fit it.
     cap: Option<Duration>,
+    /// What the gates are decided on: files, the Node's conditions, pods, probes, the drain's
+    /// access, kubelet's locks.
     facts: Facts,
+    /// The gates' verdict on `facts` at the last evaluation.
     verdict: Verdict,
     /// The own Node as the agent acts on it: the watch's copy, or the agent's own last write
     /// until the watch echoes it.
     node_obj: Option<Node>,
+    /// The watch's copy of the own Node, and whether it has listed.
     node_watch: Mirror<Node>,
+    /// The resourceVersion of the agent's own last write until the watch delivers it; what the
+    /// watch delivers before it is older than `node_obj`.
     node_echo_rv: Option<String>,
+    /// The pods on this node, for the pod gates.
     pods: Mirror<Pod>,
+    /// When the agent started: the boot deadline and the wait for READY count from here.
     started: Instant,
+    /// `NodeNotReadyInTime` was reported: it is said once per run.
     overdue_reported: bool,
+    /// This agent cordoned the Node for a shutdown: if the shutdown is cancelled, a cordon to
+    /// lift once the gates pass, unlike an operator's `nodeward drain`.
     own_cordon: bool,
-    shutdown_started: Option<(
-        Instant,
-        jiff::Timestamp,
-        ShutdownKind,
-        ShutdownPolicy,
-        Duration,
-    )>,
+    /// The shutdown under way, for its drain's summary.
+    shutdown_started: Option<ShutdownStart>,
+    /// How the last shutdown drain went.
     last_drain: Option<DrainSummary>,
+    /// What an operator should fix about logind's cap, as last read.
     warnings: Vec<String>,
+    /// READY=1 was sent to systemd.
     notified_ready: bool,
+}
+
+/// A shutdown as logind announced it and the agent decided it, for its drain's summary.
+struct ShutdownStart {
+    /// When it was announced (the time to the lock's release counts from here)...
+    at: Instant,
+    /// ... and the same on the wall clock, for the status.
+    at_wall: jiff::Timestamp,
+    /// Power-off, reboot, ...
+    kind: ShutdownKind,
+    /// What `[shutdown]` says to do for that kind.
+    policy: ShutdownPolicy,
+    /// How long the drain may take (logind's cap less the safety margin, at most
+    /// `drain.timeout`).
+    deadline: Duration,
 }
 
 /// The agent's link to the API server: the client once there is one, and what its calls met,
@@ -331,13 +379,6 @@ impl Agent {
             gates: settings.gates.gates(),
             boot_deadline: settings.agent.boot_deadline,
         };
-        let started = Instant::now();
-        let verdict = crate::gate::evaluate(
-            &Facts::default(),
-            &gates,
-            started.into_std(),
-            started.into_std(),
-        );
         Self {
             report: Report {
                 status_file: status::StatusFile::new(&settings.agent.status_file),
@@ -356,24 +397,7 @@ impl Agent {
                 cap_fix_tried: false,
                 drain_unit: None,
             },
-            gates,
-            phase: Phase::Booting,
-            lock: Lock::Unheld,
-            lock_takes: 0,
-            cap: None,
-            facts: Facts::default(),
-            verdict,
-            node_obj: None,
-            node_watch: Mirror::default(),
-            node_echo_rv: None,
-            pods: Mirror::default(),
-            started,
-            overdue_reported: false,
-            own_cordon: false,
-            shutdown_started: None,
-            last_drain: None,
-            warnings: Vec::new(),
-            notified_ready: false,
+            known: Known::new(gates, Instant::now()),
         }
     }
 
@@ -407,7 +431,7 @@ impl Agent {
     fn access_answered(&mut self, answer: Result<Access, String>) -> bool {
         match answer {
             Ok(a) => {
-                if self.facts.drain_access.as_ref() != Some(&a) {
+                if self.known.facts.drain_access.as_ref() != Some(&a) {
                     match &a {
                         Access::Granted => info!(node = %self.node, "drain access granted"),
                         Access::Unverifiable => {
@@ -419,7 +443,7 @@ impl Agent {
                     }
                 }
                 let again = matches!(a, Access::Denied(_));
-                self.facts.drain_access = Some(a);
+                self.known.facts.drain_access = Some(a);
                 again
             }
             Err(e) => {
@@ -429,122 +453,26 @@ impl Agent {
         }
     }
 
-    fn apply_node(&mut self, ev: watcher::Event<Node>) {
-        self.node_watch.apply(&ev);
-        match &ev {
-            watcher::Event::Apply(n) => {
-                // Until the echo of the agent's own last write arrives, the watch only replays
-                // versions older than the one the agent already holds.
-                if let Some(rv) = &self.node_echo_rv
-                    && n.metadata.resource_version.as_ref() != Some(rv)
-                {
-                    return;
-                }
-            }
-            watcher::Event::Delete(_) | watcher::Event::InitDone => {}
-            // A relist in progress changes nothing until it is done.
-            watcher::Event::Init | watcher::Event::InitApply(_) => return,
-        }
-        self.node_echo_rv = None;
-        self.node_obj = self
-            .node_watch
-            .get(&self.node, None)
-            .map(std::sync::Arc::unwrap_or_clone);
-    }
-
-    /// The lock is wanted unless a shutdown is under way.
-    fn wants_lock(&self) -> bool {
-        !matches!(self.phase, Phase::Draining | Phase::Drained)
-    }
-
-    fn phase_to(&mut self, ev: PhaseEvent) -> bool {
-        match self.phase.on(ev) {
-            Ok(p) => {
-                info!(node = %self.node, from = ?self.phase, to = ?p, event = ?ev, "phase");
-                self.phase = p;
-                true
-            }
-            Err(r) => {
-                warn!(node = %self.node, refused = %r, "transition refused");
-                false
-            }
-        }
-    }
-
-    fn view(&self) -> View {
-        let n = self.node_obj.as_ref();
-        View {
-            phase: self.phase,
-            node_exists: n.is_some(),
-            gates_pass: self.verdict.all_pass,
-            overdue: self.verdict.overdue,
-            overdue_reported: self.overdue_reported,
-            has_startup_taint: n.is_some_and(readiness::has_startup_taint),
-            cordon: n.map_or(state::CordonView::NotCordoned, |n| {
-                // Computed each time: a clock set after the agent started (NTP's first step)
-                // moves the boot's wall-clock time with it.
-                node::cordon_view(n, boot_time(), self.own_cordon)
-            }),
-            retaint: self.settings.agent.retaint_on_gate_failure,
-            condition_current: n.is_some_and(|n| {
-                readiness::condition_is_current(n, &readiness::desired_condition(&self.verdict))
-            }),
-            verdict_known: self
-                .verdict
-                .gates
-                .iter()
-                .all(|g| g.state != crate::gate::GateState::Unknown),
-            untaint_self: self.settings.agent.startup_taint == TaintOwner::Agent,
-        }
-    }
-
     /// Re-evaluates the gates and acts on the Node; stops at the first failed write and tries
     /// again after [`RECONCILE_RETRY`].
     async fn reconcile(&mut self) {
-        self.evaluate_gates();
+        self.known.evaluate_gates(Instant::now());
         let Some(client) = self.api.client.clone() else {
             return;
         };
-        if !self.node_watch.synced() {
+        if !self.known.node_watch.synced() {
             return;
         }
-        for action in state::reconcile(&self.view()) {
+        // The boot's wall-clock time is computed each time: a clock set after the agent started
+        // (NTP's first step) moves it.
+        let view = self.known.view(&self.settings.agent, boot_time());
+        for action in state::reconcile(&view) {
             if let Err((what, error)) = self.act(&client, action).await {
                 self.api.write_failed(&self.node, what, &error);
                 return;
             }
         }
         self.api.writes_succeeded(&self.node);
-    }
-
-    /// The gates' verdict from the facts as they are now (the Node and pod facts only from
-    /// synced watches).
-    fn evaluate_gates(&mut self) {
-        self.facts.node_conditions = if self.node_watch.synced() {
-            self.node_obj.as_ref().map(gwatch::node_conditions)
-        } else {
-            None
-        };
-        self.facts.pods = self.pods.synced().then(|| {
-            self.pods
-                .state()
-                .iter()
-                .map(|p| gwatch::pod_fact(p))
-                .collect()
-        });
-        let now = Instant::now();
-        let verdict = crate::gate::evaluate(
-            &self.facts,
-            &self.gates,
-            self.started.into_std(),
-            now.into_std(),
-        );
-        if verdict.gates != self.verdict.gates {
-            for g in &verdict.gates {
-                tracing::debug!(gate = %g.gate, state = ?g.state, reason = %g.reason, "gate");
-            }
-        }
-        self.verdict = verdict;
     }
 
     /// Does one of the state machine's actions; on failure, what failed and why.
@@ -555,41 +483,41 @@ impl Agent {
     ) -> Result<(), (&'static str, String)> {
         match action {
             Action::Transition(ev) => {
-                if self.phase_to(ev) {
+                if self.known.phase_to(&self.node, ev) {
                     Ok(())
                 } else {
                     Err(("a transition was refused", String::new()))
                 }
             }
             Action::WriteCondition => {
-                let want = readiness::desired_condition(&self.verdict);
-                let n =
-                    readiness::write_condition(client, &self.node, self.node_obj.as_ref(), &want)
-                        .await
-                        .map_err(|e| ("cannot report readiness", e.to_string()))?;
-                self.node_echo_rv = n.metadata.resource_version.clone();
-                self.node_obj = Some(n);
+                let want = readiness::desired_condition(&self.known.verdict);
+                let n = readiness::write_condition(
+                    client,
+                    &self.node,
+                    self.known.node_obj.as_ref(),
+                    &want,
+                )
+                .await
+                .map_err(|e| ("cannot report readiness", e.to_string()))?;
+                self.known.wrote_node(n, true);
                 Ok(())
             }
             Action::RemoveStartupTaint | Action::AddStartupTaint => {
                 let add = action == Action::AddStartupTaint;
                 if add {
-                    warn!(node = %self.node, failing = ?self.verdict.failing(), "a gate failed; putting the startup taint back");
+                    warn!(node = %self.node, failing = ?self.known.verdict.failing(), "a gate failed; putting the startup taint back");
                 }
                 let (n, written) = readiness::set_startup_taint(client, &self.node, add, None)
                     .await
                     .map_err(|e| ("cannot change the startup taint", e.to_string()))?;
                 // Fresher than the watch, which may still deliver older versions.
-                if written {
-                    self.node_echo_rv = n.metadata.resource_version.clone();
-                }
-                self.node_obj = Some(n);
+                self.known.wrote_node(n, written);
                 Ok(())
             }
             Action::Uncordon => match crate::drain::uncordon(client, &self.node, false).await {
                 Ok(o) => {
                     info!(node = %self.node, outcome = ?o, "gates pass: nodeward's cordon lifted");
-                    self.own_cordon = false;
+                    self.known.own_cordon = false;
                     Ok(())
                 }
                 Err(crate::drain::exec::Error::CordonedByOther { who, .. }) => {
@@ -608,7 +536,7 @@ impl Agent {
     /// The gates did not pass within the boot deadline: said once, in the journal and as an
     /// Event on the Node.
     async fn report_not_ready_in_time(&mut self, client: &kube::Client) {
-        let failing = self.verdict.failing().join("; ");
+        let failing = self.known.verdict.failing().join("; ");
         error!(node = %self.node, boot_deadline = ?self.settings.agent.boot_deadline, failing = %failing, "NodeNotReadyInTime: the readiness gates did not pass in time");
         node::event(
             client,
@@ -621,89 +549,35 @@ impl Agent {
             ),
         )
         .await;
-        self.overdue_reported = true;
+        self.known.overdue_reported = true;
     }
 
+    /// What the agent waits for, as systemd's STATUS= says it.
     fn waiting_for(&self) -> String {
-        let lock = if self.lock == Lock::Held {
-            "holding the shutdown lock"
-        } else {
-            "waiting for logind to take the shutdown lock"
-        };
-        let kubeconfig = self
-            .api
-            .kubeconfig
-            .as_deref()
-            .map_or_else(|| "the kubeconfig".into(), |p| p.display().to_string());
-        match self.phase {
-            Phase::Draining => return "draining the node before shutdown".into(),
-            Phase::Drained => {
-                return "drained; shutdown lock released, waiting for the shutdown".into();
-            }
-            _ => {}
-        }
-        let what = match (&self.api.kubeconfig_state, &self.api.error) {
-            (Some(KubeconfigState::Missing), _) => {
-                format!("waiting for {kubeconfig} (kubeadm join writes it)")
-            }
-            (Some(KubeconfigState::Unloadable(e)), _) => {
-                format!("cannot load {kubeconfig}: {e}; waiting for it to change")
-            }
-            (None, Some(e)) => format!("API server unreachable: {e}"),
-            (None, None) => match self.phase {
-                Phase::Booting => format!("waiting for node {} to register", self.node),
-                Phase::Gated => {
-                    format!("waiting for gates: {}", self.verdict.failing().join("; "))
-                }
-                _ => match self.node_obj.as_ref().and_then(node::cordon_owner) {
-                    Some(who) => format!("gates pass; node cordoned by {who}"),
-                    None => "node schedulable".into(),
-                },
-            },
-        };
-        format!("{what}; {lock}")
+        self.known.waiting_for(&self.node, self.api.blocked())
     }
 
     /// Sends READY/STATUS to systemd and rewrites the status file when something changed.
     fn publish(&mut self) {
-        let watches_up = self.node_watch.synced() && self.pods.synced();
-        if !self.notified_ready
-            && self.lock == Lock::Held
-            && (watches_up
-                || self.api.client.is_none()
-                || self.api.error.is_some()
-                || self.started.elapsed() >= READY_WITHOUT_API_AFTER)
-        {
-            self.notified_ready = true;
-            if watches_up {
+        let now = Instant::now();
+        if self.known.ready_due(self.api.out_of_reach(), now) {
+            self.known.notified_ready = true;
+            if self.known.watches_up() {
                 info!(node = %self.node, "lock held and watches up; ready");
             } else {
                 info!(node = %self.node, status = %self.waiting_for(), "lock held; ready without the API server");
             }
             notify(&[sd_notify::NotifyState::Ready]);
         }
-        let line = self.waiting_for();
-        let n = self.node_obj.as_ref();
-        let status = Status {
-            pid: std::process::id(),
-            node: self.node.clone(),
-            phase: self.phase,
-            lock: self.lock,
-            lock_takes: self.lock_takes,
-            inhibit_delay_max_ms: self.cap.map(millis),
-            waiting_for: line,
-            ready: self.notified_ready,
-            node_registered: n.is_some(),
-            gates: self.verdict.gates.clone(),
-            not_ready_in_time: self.overdue_reported,
-            startup_taint: n.is_some_and(readiness::has_startup_taint),
-            cordoned_by: n.and_then(node::cordon_owner),
-            last_drain: self.last_drain.clone(),
-            draining: self.report.draining(),
-            warnings: self.warnings_now(),
-        };
+        let status = self.known.status(
+            std::process::id(),
+            &self.node,
+            self.waiting_for(),
+            self.report.draining(),
+        );
+        let since_start = now.saturating_duration_since(self.known.started);
         self.report
-            .publish(status, self.verdict.all_pass, self.started.elapsed());
+            .publish(status, self.known.verdict.all_pass, since_start);
     }
 }
 
@@ -737,18 +611,6 @@ impl Report {
         if gates_pass {
             m.gates_passed(since_start);
         }
-    }
-}
-
-impl Agent {
-    /// What an operator should fix: logind's cap as last read, and kubelet's locks as last listed.
-    fn warnings_now(&self) -> Vec<String> {
-        let kubelet = self.facts.kubelet_shutdown_locks.iter().flatten().map(|pid| {
-            format!(
-                "kubelet holds a shutdown delay lock (pid {pid}): its graceful node shutdown kills pods without the Eviction API and races with nodeward's drain; set shutdownGracePeriod: 0s in the kubelet config"
-            )
-        });
-        self.warnings.iter().cloned().chain(kubelet).collect()
     }
 }
 

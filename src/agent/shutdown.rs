@@ -15,13 +15,13 @@ impl Agent {
             }
             LogindEvent::LogindAppeared => {
                 info!("logind is on the bus");
-                if self.wants_lock() {
+                if self.known.wants_lock() {
                     self.take_lock().await;
                 }
                 None
             }
             LogindEvent::PrepareForShutdown { start: true, kind } => {
-                if !self.wants_lock() {
+                if !self.known.wants_lock() {
                     // The second of the two signals systemd 255+ sends for one shutdown.
                     return None;
                 }
@@ -33,14 +33,15 @@ impl Agent {
                 self.start_shutdown(kind)
             }
             LogindEvent::PrepareForShutdown { start: false, .. } => {
-                if self.wants_lock() {
+                if self.known.wants_lock() {
                     return None;
                 }
                 info!(node = %self.node, "shutdown cancelled; taking the lock again");
-                self.phase_to(PhaseEvent::ShutdownCancelled);
-                self.shutdown_started = None;
+                self.known
+                    .phase_to(&self.node, PhaseEvent::ShutdownCancelled);
+                self.known.shutdown_started = None;
                 self.rearm_drain_unit();
-                if self.lock != Lock::Held {
+                if self.known.lock != Lock::Held {
                     self.take_lock().await;
                 }
                 self.reconcile().await;
@@ -52,15 +53,21 @@ impl Agent {
     pub(super) fn start_shutdown(&mut self, kind: ShutdownKind) -> Option<DrainFuture> {
         let s = self.settings.clone();
         let policy = logind::policy_for(kind, &s.shutdown);
-        let cap = self.cap.unwrap_or(s.drain.timeout);
+        let cap = self.known.cap.unwrap_or(s.drain.timeout);
         let deadline = logind::drain_deadline(cap, s.shutdown.safety_margin, s.drain.timeout);
         info!(node = %self.node, ?kind, ?policy, ?deadline, "shutdown announced");
-        if !self.phase_to(PhaseEvent::ShutdownStarted) {
+        if !self.known.phase_to(&self.node, PhaseEvent::ShutdownStarted) {
             return None;
         }
-        self.own_cordon = policy != ShutdownPolicy::Nothing;
+        self.known.own_cordon = policy != ShutdownPolicy::Nothing;
         let now = Instant::now();
-        self.shutdown_started = Some((now, jiff::Timestamp::now(), kind, policy, deadline));
+        self.known.shutdown_started = Some(ShutdownStart {
+            at: now,
+            at_wall: jiff::Timestamp::now(),
+            kind,
+            policy,
+            deadline,
+        });
         let reason = format!("shutdown ({kind:?})").to_lowercase();
         let Some(client) = self.api.client.clone() else {
             return Some(Box::pin(
@@ -168,12 +175,12 @@ impl Agent {
     }
 
     pub(super) fn drain_ended(&mut self, mut summary: DrainSummary) {
-        if let Some((t0, at, kind, policy, deadline)) = self.shutdown_started.take() {
-            summary.started_at = at.to_string();
-            summary.kind = kind;
-            summary.policy = policy;
-            summary.deadline_ms = millis(deadline);
-            summary.elapsed_ms = millis(t0.elapsed());
+        if let Some(s) = self.known.shutdown_started.take() {
+            summary.started_at = s.at_wall.to_string();
+            summary.kind = s.kind;
+            summary.policy = s.policy;
+            summary.deadline_ms = millis(s.deadline);
+            summary.elapsed_ms = millis(s.at.elapsed());
         }
         info!(
             node = %self.node,
@@ -183,11 +190,11 @@ impl Agent {
             elapsed_ms = summary.elapsed_ms,
             "shutdown drain ended; releasing the lock"
         );
-        self.phase_to(PhaseEvent::DrainEnded);
-        self.last_drain = Some(summary);
+        self.known.phase_to(&self.node, PhaseEvent::DrainEnded);
+        self.known.last_drain = Some(summary);
         self.report.drain_progress = None;
-        if self.lock == Lock::Held {
-            self.lock_to(LockEvent::ReleasedForShutdown);
+        if self.known.lock == Lock::Held {
+            self.known.lock_to(LockEvent::ReleasedForShutdown);
         }
         // The status file says "drained" before logind may go on: nodeward-drain.service, stopped
         // next, reads it to do nothing for a shutdown the agent already handled.
