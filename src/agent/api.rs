@@ -127,3 +127,44 @@ impl ApiLink {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kubeconfig_problem_comes_before_the_last_error() {
+        let mut api = ApiLink::new(None, None);
+        assert_eq!(api.blocked(), None, "nothing tried yet");
+        assert!(api.out_of_reach(), "no client yet");
+        api.failed("n1", "node watch", "connection refused");
+        api.kubeconfig_state = Some(KubeconfigState::Missing);
+        assert_eq!(
+            api.blocked().as_deref(),
+            Some("waiting for the kubeconfig (kubeadm join writes it)")
+        );
+        api.kubeconfig_state = None;
+        assert_eq!(
+            api.blocked().as_deref(),
+            Some("API server unreachable: connection refused")
+        );
+        api.answered("n1");
+        assert_eq!(api.blocked(), None);
+    }
+
+    #[test]
+    fn a_failed_write_backs_off_until_writes_succeed() {
+        let mut api = ApiLink::new(None, None);
+        let before = Instant::now();
+        api.write_failed("n1", "cannot report readiness", "503");
+        let first = api.reconcile_retry_at.expect("a retry");
+        assert!(first >= before + RECONCILE_RETRY);
+        assert_eq!(api.reconcile_backoff, RECONCILE_RETRY * 2);
+        for _ in 0..10 {
+            api.write_failed("n1", "cannot report readiness", "503");
+        }
+        assert_eq!(api.reconcile_backoff, RECONCILE_RETRY_MAX);
+        api.writes_succeeded("n1");
+        assert_eq!(api.reconcile_backoff, RECONCILE_RETRY);
+    }
+}
