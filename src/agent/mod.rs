@@ -618,7 +618,6 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Keeps every watch item but `Init` (see [`Agent::watches`]).
 /// A cluster-wide watch of `K` narrowed by `fields`, without `Init` (see `Agent::watches`), with
 /// kube's backoff.
 fn own_watch<K>(client: &kube::Client, fields: &str) -> WatchStream<K>
