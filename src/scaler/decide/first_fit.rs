@@ -91,7 +91,7 @@ impl FirstFit {
         }
         let need = key(need);
         if from > 0 {
-            return self.descend(1, 0, self.width, from, &need);
+            return self.after(from, &need);
         }
         // From the first place on: down the leftmost branch that may hold `need`, one step a
         // level. A branch passed over on the left holds no such place, so a leaf reached this way
@@ -137,6 +137,37 @@ impl FirstFit {
             }
         }
         None
+    }
+
+    /// The first place at or after `from` that may take `need`, found from leaf `from` rather
+    /// than from the root: up while on a right child, over to the right sibling, and down the
+    /// first sibling that may hold `need` (a branch whose three maxima come from different places
+    /// may hold no such place, and is then passed over like the others). A search that skips
+    /// place after place (a pod whose anti-affinity refuses the first thousand bins) takes a step
+    /// or two per skip this way, where a walk from the root took two per level.
+    fn after(&self, from: usize, need: &[i64; 3]) -> Option<usize> {
+        let mut at = self.width + from;
+        if holds(&self.room[at], need) {
+            return Some(from);
+        }
+        loop {
+            while at % 2 == 1 {
+                if at == 1 {
+                    return None;
+                }
+                at /= 2;
+            }
+            at += 1;
+            if holds(&self.room[at], need) {
+                // `at` spans `width >> depth` leaves, `depth` being its level below the root.
+                let depth = usize::BITS - 1 - at.leading_zeros();
+                let span = self.width >> depth;
+                let lo = at * span - self.width;
+                if let Some(i) = self.descend(at, lo, lo + span, lo, need) {
+                    return Some(i);
+                }
+            }
+        }
     }
 
     fn descend(
