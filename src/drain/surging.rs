@@ -224,12 +224,12 @@ impl Surges {
 
     /// A relist of the node's pods: the surges of the pods it lacks are over ([`Self::end`]).
     pub fn end_all_but(&mut self, client: &Client, present: &std::collections::BTreeSet<String>) {
-        let gone: Vec<String> = self
-            .live
-            .keys()
-            .filter(|uid| !present.contains(*uid))
-            .cloned()
-            .collect();
+        self.end_unless(client, |uid| present.contains(uid));
+    }
+
+    /// Ends every surge but those of the pods `keep` names ([`Self::end`]).
+    fn end_unless(&mut self, client: &Client, keep: impl Fn(&str) -> bool) {
+        let gone: Vec<String> = self.live.keys().filter(|uid| !keep(uid)).cloned().collect();
         for uid in gone {
             self.end(client, &uid);
         }
@@ -237,10 +237,7 @@ impl Surges {
 
     /// The drain is over: every replica still out goes back; waits for them, up to `limit`.
     pub async fn finish(mut self, client: &Client, limit: std::time::Duration) {
-        let uids: Vec<String> = self.live.keys().cloned().collect();
-        for uid in uids {
-            self.end(client, &uid);
-        }
+        self.end_unless(client, |_| false);
         let all = futures::future::join_all(self.giving_back);
         if tokio::time::timeout(limit, all).await.is_err() {
             warn!("surge: giving replicas back took longer than {limit:?}; some may be left");
