@@ -338,6 +338,91 @@ async fn waves_go_in_priority_order() {
     assert!(pos("mid-a") < pos("crit-a").min(pos("crit-b")), "{order:?}");
 }
 
+/// What a real kubelet does with an evicted pod: it stops the containers and reports a terminal
+/// phase at once, but removes the object only after unmounting the volumes, removing the cgroup
+/// and its next status sync (20–26 s later on the real node under TCG). Here a finalizer holds
+/// each pod for as long as the test likes, and `Failed` is written as the kubelet writes it.
+fn kubelet_stopped(emu: &EmulatorHandle, name: &str) {
+    emu.modify("pods", Some("default"), name, |p| {
+        p["status"]["phase"] = json!("Failed");
+    })
+    .expect("pod's terminal phase");
+}
+
+fn release(emu: &EmulatorHandle, name: &str) {
+    emu.modify("pods", Some("default"), name, |p| {
+        p["metadata"]["finalizers"] = json!(null);
+    })
+    .expect("finalizer removed");
+}
+
+/// A pod whose containers its kubelet stopped has left the node: the drain (and with it logind's
+/// lock at shutdown) does not wait for the kubelet's bookkeeping after that. It does wait, as
+/// kubectl drain does, for a StatefulSet's pod (its replacement needs the name) and for a pod
+/// with a volume claim (its volume is unmounted before it can be detached and used elsewhere).
+#[tokio::test]
+async fn a_pod_its_kubelet_stopped_has_left_even_before_its_object_goes() {
+    const HOLD: &str = "nodeward.io/test-hold";
+    let emu = emulator().await;
+    emu.seed_pod(web("web-0").finalizer(HOLD)).expect("pod");
+    emu.seed_pod(
+        PodSeed::new("default", "db-0")
+            .node(NODE)
+            .owner("StatefulSet", "db")
+            .finalizer(HOLD),
+    )
+    .expect("pod");
+    emu.seed_pod(web("data-0").finalizer(HOLD)).expect("pod");
+    emu.modify("pods", Some("default"), "data-0", |p| {
+        p["spec"]["volumes"] =
+            json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data-0"}}]);
+    })
+    .expect("claim");
+    let names = ["web-0", "db-0", "data-0"];
+    let c = client(&emu).await;
+    let mut run =
+        tokio::spawn(
+            async move { drain::drain(&c, NODE, &options(Duration::from_secs(20))).await },
+        );
+    let terminating = |emu: &EmulatorHandle| {
+        names.iter().all(|n| {
+            emu.get("pods", Some("default"), n)
+                .is_some_and(|p| p.pointer("/metadata/deletionTimestamp").is_some())
+        })
+    };
+    let evicted_by = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !terminating(&emu) {
+        assert!(
+            tokio::time::Instant::now() < evicted_by,
+            "pods never evicted"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for n in names {
+        kubelet_stopped(&emu, n);
+    }
+    let early = tokio::time::timeout(Duration::from_millis(500), &mut run).await;
+    assert!(
+        early.is_err(),
+        "the drain ended while a StatefulSet's pod and a claim's pod were still there: {early:?}"
+    );
+    release(&emu, "db-0");
+    release(&emu, "data-0");
+    let report = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the drain waited for web-0's object, which only its kubelet's bookkeeping holds")
+        .expect("drain task")
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    assert_eq!(report.evicted.len(), 3, "{report}");
+    assert_eq!(
+        pods_on(&emu, NODE),
+        ["web-0"],
+        "web-0 held by its finalizer"
+    );
+    release(&emu, "web-0");
+}
+
 #[tokio::test]
 async fn deadline_abandon_reports_what_is_left() {
     let emu = emulator().await;

@@ -460,9 +460,11 @@ impl super::step::Budgets for BudgetView<'_> {
     }
 }
 
-fn uids(pods: &Mirror<Pod>) -> BTreeSet<String> {
+/// The UIDs of the pods still on the node: listed, and not [`plan::left_node`].
+fn on_node(pods: &Mirror<Pod>) -> BTreeSet<String> {
     pods.state()
         .iter()
+        .filter(|p| !plan::left_node(p))
         .filter_map(|p| p.metadata.uid.clone())
         .collect()
 }
@@ -845,21 +847,29 @@ impl<'a> Drain<'a> {
         };
         pods.apply(&ev);
         match &ev {
-            watcher::Event::Apply(p) => self.track(schedule, p, daemonsets),
-            watcher::Event::Delete(p) => {
-                let uid = p.metadata.uid.as_deref().unwrap_or_default();
-                schedule.gone(uid);
-                surges.end(self.client, uid);
+            watcher::Event::Apply(p) => {
+                self.track(schedule, p, daemonsets);
+                if plan::left_node(p) {
+                    self.left(schedule, surges, p);
+                }
             }
-            // A relist replaced the set: whatever it lacks is gone.
+            watcher::Event::Delete(p) => self.left(schedule, surges, p),
+            // A relist replaced the set: whatever it lacks (or has only as a stopped pod) is gone.
             watcher::Event::InitDone => {
-                let present = uids(pods);
+                let present = on_node(pods);
                 surges.end_all_but(self.client, &present);
                 schedule.observe(&present);
             }
             watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
         Ok(())
+    }
+
+    /// `pod` left the node: its object deleted, or its containers stopped ([`plan::left_node`]).
+    fn left(&self, schedule: &mut Schedule, surges: &mut Surges, pod: &Pod) {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        schedule.gone(uid);
+        surges.end(self.client, uid);
     }
 
     /// Says how the drain ended: an Event on the Node (for a drain that had pods to move, or

@@ -378,7 +378,7 @@ impl Schedule {
         std::mem::take(&mut self.notes)
     }
 
-    /// The pod `uid` left the node (a watch's delete event).
+    /// The pod `uid` left the node: a watch saw it deleted, or stopped ([`super::plan::left_node`]).
     pub fn gone(&mut self, uid: &str) {
         if let Some(t) = self.pods.get_mut(uid)
             && !t.settled()

@@ -418,3 +418,79 @@ fn budgets_for_matches_namespace_and_selector() {
     ];
     assert_eq!(budgets_for("default", &labels, &budgets).len(), 2);
 }
+
+#[test]
+fn a_pod_has_left_its_node_once_stopped_unless_something_waits_for_its_object() {
+    let deleting = json!({"metadata": {"deletionTimestamp": "2026-11-27T10:00:00Z"}});
+    let failed = json!({"status": {"phase": "Failed"}});
+    let stopped = merged(deleting.clone(), failed.clone());
+    let volume = |v: serde_json::Value| json!({"spec": {"volumes": [v]}});
+    let local = json!([
+        {"name": "a", "configMap": {"name": "c"}},
+        {"name": "b", "secret": {"secretName": "s"}},
+        {"name": "c", "projected": {"sources": []}},
+        {"name": "d", "downwardAPI": {}},
+        {"name": "e", "emptyDir": {}},
+        {"name": "f", "hostPath": {"path": "/x"}},
+        {"name": "g", "image": {"reference": "r"}}
+    ]);
+    let cases = [
+        ("running", json!({}), false),
+        ("evicted, containers still running", deleting.clone(), false),
+        ("finished but not being deleted", failed, false),
+        ("stopped: Failed", stopped.clone(), true),
+        (
+            "stopped: Succeeded",
+            merged(deleting.clone(), json!({"status": {"phase": "Succeeded"}})),
+            true,
+        ),
+        (
+            "stopped, every volume node-local",
+            merged(stopped.clone(), json!({"spec": {"volumes": local}})),
+            true,
+        ),
+        (
+            "stopped, a claim",
+            merged(
+                stopped.clone(),
+                volume(json!({"name": "d", "persistentVolumeClaim": {"claimName": "d"}})),
+            ),
+            false,
+        ),
+        (
+            "stopped, a CSI volume",
+            merged(
+                stopped.clone(),
+                volume(json!({"name": "d", "csi": {"driver": "x"}})),
+            ),
+            false,
+        ),
+        (
+            "stopped, an ephemeral claim",
+            merged(
+                stopped.clone(),
+                volume(json!({"name": "d", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}})),
+            ),
+            false,
+        ),
+        (
+            "stopped, a StatefulSet's",
+            merged(
+                stopped.clone(),
+                json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s", "controller": true}]}}),
+            ),
+            false,
+        ),
+        (
+            "stopped, a StatefulSet's but not its controller",
+            merged(
+                stopped,
+                json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s"}]}}),
+            ),
+            true,
+        ),
+    ];
+    for (what, patch, want) in cases {
+        assert_eq!(left_node(&pod(patch)), want, "{what}");
+    }
+}
