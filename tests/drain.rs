@@ -423,6 +423,64 @@ async fn a_pod_its_kubelet_stopped_has_left_even_before_its_object_goes() {
     release(&emu, "web-0");
 }
 
+/// On the node it drains, a drain sees a container stop in the cgroup tree: the kubelet says it
+/// only once the runtime has also stopped the sandbox and torn its network down (25–35 s later
+/// on the real node under TCG). Here the tree is a copy, as the systemd cgroup driver lays it out.
+#[tokio::test]
+async fn on_its_node_a_drain_sees_containers_stop_in_the_cgroup_tree() {
+    const APP: &str = "9ad8318eb47c5ee006d884452b3ee2f7231cb32cc26a22164c633c1f808eb0d6";
+    let emu = emulator().await;
+    emu.seed_pod(web("web-0").finalizer("nodeward.io/test-hold"))
+        .expect("pod");
+    let pod = emu
+        .modify("pods", Some("default"), "web-0", |p| {
+            p["status"]["qosClass"] = json!("BestEffort");
+            p["status"]["containerStatuses"] = json!([{"name": "app", "image": "i", "imageID": "",
+                "ready": true, "restartCount": 0, "containerID": format!("containerd://{APP}")}]);
+        })
+        .expect("status");
+    let uid = pod["metadata"]["uid"].as_str().expect("uid").replace('-', "_");
+    let root = tempfile::tempdir().expect("tempdir");
+    let scope = root
+        .path()
+        .join("kubepods.slice/kubepods-besteffort.slice")
+        .join(format!("kubepods-besteffort-pod{uid}.slice"))
+        .join(format!("cri-containerd-{APP}.scope"));
+    std::fs::create_dir_all(&scope).expect("scope");
+    std::fs::write(scope.join("cgroup.events"), "populated 1\nfrozen 0\n").expect("events");
+    let mut o = options(Duration::from_secs(20));
+    o.node_cgroups = Some(drain::cgroups::Cgroups::at(root.path()));
+    let c = client(&emu).await;
+    let mut run = tokio::spawn(async move { drain::drain(&c, NODE, &o).await });
+    let evicted_by = tokio::time::Instant::now() + Duration::from_secs(10);
+    while emu
+        .get("pods", Some("default"), "web-0")
+        .and_then(|p| p.pointer("/metadata/deletionTimestamp").cloned())
+        .is_none()
+    {
+        assert!(tokio::time::Instant::now() < evicted_by, "never evicted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let early = tokio::time::timeout(Duration::from_millis(500), &mut run).await;
+    assert!(early.is_err(), "ended while the container ran: {early:?}");
+    // systemd removes a container's scope when its last process exits.
+    std::fs::remove_dir_all(&scope).expect("scope gone");
+    let report = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the drain did not see the container stop")
+        .expect("drain task")
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    assert_eq!(report.evicted.len(), 1, "{report}");
+    let left = emu.get("pods", Some("default"), "web-0").expect("still there");
+    assert_eq!(
+        left.pointer("/status/phase"),
+        Some(&json!("Running")),
+        "the kubelet had not said a thing"
+    );
+    release(&emu, "web-0");
+}
+
 #[tokio::test]
 async fn deadline_abandon_reports_what_is_left() {
     let emu = emulator().await;

@@ -25,6 +25,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use super::cgroups::Cgroups;
 use super::cordon::{
     self, CORDONED_BY, CordonDecision, CordonRecord, EXCLUDE_LB_LABEL, UncordonDecision,
 };
@@ -156,6 +157,9 @@ pub struct DrainOptions {
     /// Where what the drain waits on goes, each time the Node's condition is written (the
     /// agent's status file), if anywhere.
     pub progress: Option<super::narrate::Progress>,
+    /// The drain runs on the node it drains: a pod whose containers have no process left in this
+    /// cgroup hierarchy has left ([`plan::left_node`]), before its kubelet has said so.
+    pub node_cgroups: Option<Cgroups>,
 }
 
 impl DrainOptions {
@@ -170,6 +174,8 @@ impl DrainOptions {
         let mut opts = Self::from_settings(s, reason);
         opts.plan.delete_emptydir_data = s.delete_emptydir_data_on_shutdown;
         opts.shutdown = shutdown;
+        // A shutdown drain runs on the machine that shuts down.
+        opts.node_cgroups = shutdown.then(Cgroups::system);
         opts
     }
 
@@ -190,6 +196,7 @@ impl DrainOptions {
             metrics: None,
             shutdown: false,
             progress: None,
+            node_cgroups: None,
         }
     }
 }
@@ -460,14 +467,8 @@ impl super::step::Budgets for BudgetView<'_> {
     }
 }
 
-/// The UIDs of the pods still on the node: listed, and not [`plan::left_node`].
-fn on_node(pods: &Mirror<Pod>) -> BTreeSet<String> {
-    pods.state()
-        .iter()
-        .filter(|p| !plan::left_node(p))
-        .filter_map(|p| p.metadata.uid.clone())
-        .collect()
-}
+/// How often a drain on its own node looks for stopped containers in the cgroup tree.
+const NODE_POLL: Duration = Duration::from_millis(200);
 
 /// How long the drain's start waits for the budgets' list once the pods are listed.
 const BUDGET_LIST_GRACE: Duration = Duration::from_millis(250);
@@ -720,6 +721,9 @@ impl<'a> Drain<'a> {
             if let Some(at) = self.check_surges(now, &mut surges, &mut inflight) {
                 wake = wake.min(at);
             }
+            if let Some(at) = self.poll_node(&mut schedule, &w.pods, &mut surges, now) {
+                wake = wake.min(at);
+            }
             if let Some(at) = self.explain(&schedule, &snapshot, now, deadline, narrator.as_mut()) {
                 wake = wake.min(at);
             }
@@ -849,20 +853,71 @@ impl<'a> Drain<'a> {
         match &ev {
             watcher::Event::Apply(p) => {
                 self.track(schedule, p, daemonsets);
-                if plan::left_node(p) {
+                if self.has_left(p) {
                     self.left(schedule, surges, p);
                 }
             }
             watcher::Event::Delete(p) => self.left(schedule, surges, p),
             // A relist replaced the set: whatever it lacks (or has only as a stopped pod) is gone.
             watcher::Event::InitDone => {
-                let present = on_node(pods);
+                let present = self.on_node(pods);
                 surges.end_all_but(self.client, &present);
                 schedule.observe(&present);
             }
             watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
         Ok(())
+    }
+
+    /// Whether `pod` has left the node though its object is still there ([`plan::left_node`],
+    /// with the node's own word on its containers when the drain runs there).
+    fn has_left(&self, pod: &Pod) -> bool {
+        if pod.metadata.deletion_timestamp.is_none() {
+            return false;
+        }
+        let running = self
+            .opts
+            .node_cgroups
+            .as_ref()
+            .and_then(|c| c.containers_running(pod));
+        plan::left_node(pod, running)
+    }
+
+    /// The UIDs of the pods still on the node: listed, and not [`Self::has_left`].
+    fn on_node(&self, pods: &Mirror<Pod>) -> BTreeSet<String> {
+        pods.state()
+            .iter()
+            .filter(|p| !self.has_left(p))
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect()
+    }
+
+    /// On the node it drains, a stopped container says so in the cgroup tree and nowhere the
+    /// watch sees: looks at the pods being deleted every [`NODE_POLL`] until they have left.
+    /// Answers when to look again, if there is anything to look for.
+    fn poll_node(
+        &self,
+        schedule: &mut Schedule,
+        pods: &Mirror<Pod>,
+        surges: &mut Surges,
+        now: Instant,
+    ) -> Option<Instant> {
+        self.opts.node_cgroups.as_ref()?;
+        let mut waiting = false;
+        for p in pods.state() {
+            let uid = p.metadata.uid.as_deref().unwrap_or_default();
+            if p.metadata.deletion_timestamp.is_none()
+                || schedule.get(uid).is_none_or(Tracked::settled)
+            {
+                continue;
+            }
+            if self.has_left(&p) {
+                self.left(schedule, surges, &p);
+            } else {
+                waiting = true;
+            }
+        }
+        waiting.then_some(now + NODE_POLL)
     }
 
     /// `pod` left the node: its object deleted, or its containers stopped ([`plan::left_node`]).

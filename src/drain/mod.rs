@@ -6,9 +6,11 @@
 //! send when (waves, deadline, retries), `explain.rs` says what the drain waits on (the Node's
 //! `nodeward.io/Draining` condition) and `cordon.rs` decides who owns a cordon — all pure;
 //! `exec.rs` acts, driven by watches so it reacts in milliseconds and
-//! reports done only when the pods are really gone.
+//! reports done only when the pods are really gone (`cgroups.rs`: what the node itself says about
+//! a pod's containers, for a drain on the node it drains).
 
 pub mod access;
+pub mod cgroups;
 pub mod cordon;
 pub mod exec;
 pub mod explain;

@@ -300,23 +300,25 @@ impl PodFacts {
 
 /// Whether a pod on its way out has left its node for everything a drain waits for, though its
 /// object is still there. Three things must hold:
-/// - it is being deleted, and its kubelet stopped every container for good and said so: a
-///   terminal phase, which a kubelet (≥ 1.27) writes as soon as the containers stop. What the
-///   kubelet does after that (unmount the volumes, remove the pod's cgroup, then remove the object
-///   at its next status sync) took 20–26 s a pod on the real node under TCG, and nobody off the
-///   node waits for it, except:
+/// - it is being deleted, and its containers have stopped for good: its kubelet said so (a
+///   terminal phase, which a kubelet ≥ 1.27 writes once it has stopped the containers and the
+///   sandbox), or the node itself says so (`containers_running` is `Some(false)`: no container of
+///   it has a process; see [`super::cgroups`]). What the kubelet does after that (unmount the
+///   volumes, remove the pod's cgroup, remove the object at its next status sync) matters to
+///   nobody off the node, except:
 /// - no StatefulSet owns it: its replacement takes the same name, so it waits for the object;
 /// - every volume is of a kind whose teardown stays on the node ([`node_local`]): a claim's or a
 ///   CSI volume's unmount must finish before the volume is detached and used elsewhere.
 ///
 /// Otherwise the drain waits for the object's removal, as kubectl drain always does.
-pub fn left_node(pod: &Pod) -> bool {
+pub fn left_node(pod: &Pod, containers_running: Option<bool>) -> bool {
+    let terminal = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| matches!(p, "Succeeded" | "Failed"));
     let stopped = pod.metadata.deletion_timestamp.is_some()
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|p| matches!(p, "Succeeded" | "Failed"));
+        && (terminal || containers_running == Some(false));
     let named = pod
         .metadata
         .owner_references

@@ -169,7 +169,8 @@ impl<F: Fn(&Tracked) -> bool> Budgets for F {
 }
 
 impl Tracked {
-    fn settled(&self) -> bool {
+    /// Gone, refused or given up: the drain no longer waits for it.
+    pub fn settled(&self) -> bool {
         matches!(
             self.state,
             PodState::Gone | PodState::Refused(_) | PodState::GaveUp

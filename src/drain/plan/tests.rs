@@ -491,6 +491,25 @@ fn a_pod_has_left_its_node_once_stopped_unless_something_waits_for_its_object() 
         ),
     ];
     for (what, patch, want) in cases {
-        assert_eq!(left_node(&pod(patch)), want, "{what}");
+        assert_eq!(left_node(&pod(patch), None), want, "{what}");
     }
+    // The node's own word on the containers, where the kubelet has not said it yet.
+    let evicted = pod(deleting);
+    assert!(
+        left_node(&evicted, Some(false)),
+        "no container has a process"
+    );
+    assert!(!left_node(&evicted, Some(true)), "a container still runs");
+    assert!(
+        !left_node(&pod(json!({})), Some(false)),
+        "not being deleted"
+    );
+    let claim = merged(
+        json!({"metadata": {"deletionTimestamp": "2026-11-27T10:00:00Z"}}),
+        volume(json!({"name": "d", "persistentVolumeClaim": {"claimName": "d"}})),
+    );
+    assert!(
+        !left_node(&pod(claim), Some(false)),
+        "a claim's pod waits for its object"
+    );
 }
