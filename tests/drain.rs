@@ -439,7 +439,10 @@ async fn on_its_node_a_drain_sees_containers_stop_in_the_cgroup_tree() {
                 "ready": true, "restartCount": 0, "containerID": format!("containerd://{APP}")}]);
         })
         .expect("status");
-    let uid = pod["metadata"]["uid"].as_str().expect("uid").replace('-', "_");
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .replace('-', "_");
     let root = tempfile::tempdir().expect("tempdir");
     let scope = root
         .path()
@@ -465,14 +468,18 @@ async fn on_its_node_a_drain_sees_containers_stop_in_the_cgroup_tree() {
     assert!(early.is_err(), "ended while the container ran: {early:?}");
     // systemd removes a container's scope when its last process exits.
     std::fs::remove_dir_all(&scope).expect("scope gone");
-    let report = tokio::time::timeout(Duration::from_secs(5), run)
+    // Looked for every 200 ms; 2 s leaves room for a loaded machine, and none for waiting on
+    // the next watch event, which may never come.
+    let report = tokio::time::timeout(Duration::from_secs(2), run)
         .await
         .expect("the drain did not see the container stop")
         .expect("drain task")
         .expect("drain");
     assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
     assert_eq!(report.evicted.len(), 1, "{report}");
-    let left = emu.get("pods", Some("default"), "web-0").expect("still there");
+    let left = emu
+        .get("pods", Some("default"), "web-0")
+        .expect("still there");
     assert_eq!(
         left.pointer("/status/phase"),
         Some(&json!("Running")),

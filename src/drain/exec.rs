@@ -709,19 +709,21 @@ impl<'a> Drain<'a> {
         let mut surges = Surges::default();
         let outcome = loop {
             let now = Instant::now();
+            // Before the step, so that a pod the node says has left counts in this very step.
+            let next_poll = self.poll_node(&mut schedule, &w.pods, &mut surges, now);
             // One snapshot of the budgets per step, not one per blocked pod.
             let snapshot = w.budgets.state();
             let (commands, mut wake) = match schedule.step(now, &BudgetView(&snapshot)) {
                 Step::Done(outcome) => break outcome,
                 Step::Run { commands, wake } => (commands, wake),
             };
+            if let Some(at) = next_poll {
+                wake = wake.min(at);
+            }
             for c in commands {
                 self.perform(c, &mut inflight, &mut surges);
             }
             if let Some(at) = self.check_surges(now, &mut surges, &mut inflight) {
-                wake = wake.min(at);
-            }
-            if let Some(at) = self.poll_node(&mut schedule, &w.pods, &mut surges, now) {
                 wake = wake.min(at);
             }
             if let Some(at) = self.explain(&schedule, &snapshot, now, deadline, narrator.as_mut()) {
