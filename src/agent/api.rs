@@ -11,12 +11,12 @@ impl ApiLink {
             kubeconfig,
             kubeconfig_state: None,
             kubeconfig_retry_at: None,
-            kubeconfig_backoff: KUBECONFIG_RETRY_MIN,
+            kubeconfig_backoff: Backoff::new(KUBECONFIG_RETRY_MIN, KUBECONFIG_RETRY_MAX),
             error: None,
             error_log: Quiet::default(),
             write_log: Quiet::default(),
             reconcile_retry_at: None,
-            reconcile_backoff: RECONCILE_RETRY,
+            reconcile_backoff: Backoff::new(RECONCILE_RETRY, RECONCILE_RETRY_MAX),
         }
     }
 
@@ -42,9 +42,8 @@ impl ApiLink {
                     return;
                 }
                 Err(e) => {
-                    self.kubeconfig_retry_at = Some(Instant::now() + self.kubeconfig_backoff);
-                    self.kubeconfig_backoff =
-                        (self.kubeconfig_backoff * 2).min(KUBECONFIG_RETRY_MAX);
+                    self.kubeconfig_retry_at =
+                        Some(Instant::now() + self.kubeconfig_backoff.failed());
                     KubeconfigState::Unloadable(e.to_string())
                 }
             }
@@ -113,15 +112,14 @@ impl ApiLink {
     /// A write to the Node failed: retry later, with backoff, logging only a changed error.
     pub(super) fn write_failed(&mut self, node: &str, what: &str, error: &str) {
         if self.write_log.changed(error) {
-            warn!(node = %node, error = %error, retry_in = ?self.reconcile_backoff, "{what}; retrying with backoff (each distinct error logged once until the API answers)");
+            warn!(node = %node, error = %error, retry_in = ?self.reconcile_backoff.wait(), "{what}; retrying with backoff (each distinct error logged once until the API answers)");
         }
-        self.reconcile_retry_at = Some(Instant::now() + self.reconcile_backoff);
-        self.reconcile_backoff = (self.reconcile_backoff * 2).min(RECONCILE_RETRY_MAX);
+        self.reconcile_retry_at = Some(Instant::now() + self.reconcile_backoff.failed());
     }
 
     /// Every write a reconcile had to make succeeded: the backoff starts over.
     pub(super) fn writes_succeeded(&mut self, node: &str) {
-        self.reconcile_backoff = RECONCILE_RETRY;
+        self.reconcile_backoff.reset();
         if self.write_log.clear() {
             info!(node = %node, "writes to the Node succeed again");
         }
@@ -159,12 +157,12 @@ mod tests {
         api.write_failed("n1", "cannot report readiness", "503");
         let first = api.reconcile_retry_at.expect("a retry");
         assert!(first >= before + RECONCILE_RETRY);
-        assert_eq!(api.reconcile_backoff, RECONCILE_RETRY * 2);
+        assert_eq!(api.reconcile_backoff.wait(), RECONCILE_RETRY * 2);
         for _ in 0..10 {
             api.write_failed("n1", "cannot report readiness", "503");
         }
-        assert_eq!(api.reconcile_backoff, RECONCILE_RETRY_MAX);
+        assert_eq!(api.reconcile_backoff.wait(), RECONCILE_RETRY_MAX);
         api.writes_succeeded("n1");
-        assert_eq!(api.reconcile_backoff, RECONCILE_RETRY);
+        assert_eq!(api.reconcile_backoff.wait(), RECONCILE_RETRY);
     }
 }

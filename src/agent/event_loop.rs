@@ -12,9 +12,9 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tracing::{info, warn};
 
 use super::{
-    ACCESS_RECHECK, AccessFuture, Agent, DrainFuture, Error, FAR_FUTURE, KUBECONFIG_RETRY_MIN,
-    KUBELET_LOCK_RECHECK, Phase, ProbeFuture, READY_WITHOUT_API_AFTER, WatchStream,
-    changed_or_pending, next_or_pending, notify, sleep_until_opt,
+    ACCESS_RECHECK, AccessFuture, Agent, DrainFuture, Error, FAR_FUTURE, KUBELET_LOCK_RECHECK,
+    Phase, ProbeFuture, READY_WITHOUT_API_AFTER, WatchStream, changed_or_pending, next_or_pending,
+    notify, sleep_until_opt,
 };
 use crate::drain::explain::Progress;
 use crate::gate::watch::{self as gwatch, FileWatcher, HttpClient};
@@ -251,7 +251,7 @@ impl Agent {
         if let Some(w) = src.kc_files.as_mut() {
             w.rearm()?;
         }
-        self.api.kubeconfig_backoff = KUBECONFIG_RETRY_MIN;
+        self.api.kubeconfig_backoff.reset();
         self.api
             .load_kubeconfig(&self.report.metrics.api_errors)
             .await;

@@ -9,7 +9,7 @@ impl Agent {
         let conn = match Logind::connect().await {
             Ok(c) => c,
             Err(e) => {
-                warn!(error = %e, retry_in = ?self.logind.backoff, "cannot reach the system bus");
+                warn!(error = %e, retry_in = ?self.logind.backoff.wait(), "cannot reach the system bus");
                 self.logind.schedule_retry();
                 return None;
             }
@@ -24,7 +24,7 @@ impl Agent {
             }
         };
         self.logind.conn = Some(conn);
-        self.logind.backoff = LOGIND_RETRY_MIN;
+        self.logind.backoff.reset();
         if self.known.wants_lock() {
             self.take_lock().await;
         }
@@ -77,7 +77,7 @@ impl Agent {
                 drop(self.logind.lock_fd.replace(fd));
                 self.known.lock_to(ev);
                 self.known.lock_takes += 1;
-                self.logind.backoff = LOGIND_RETRY_MIN;
+                self.logind.backoff.reset();
                 info!(who = logind::WHO, event = ?ev, "shutdown delay lock held");
                 self.check_logind(&l).await;
                 // kubelet's locks as of now too (the timer follows later ones); the gates are
@@ -92,11 +92,11 @@ impl Agent {
             Err(e) if e.is_operation_in_progress() => {
                 // logind refuses new delay locks while a shutdown job is pending; it may still
                 // be cancelled, so keep trying.
-                warn!(error = %e, retry_in = ?self.logind.backoff, "a shutdown is in progress; logind refuses new locks until it is cancelled");
+                warn!(error = %e, retry_in = ?self.logind.backoff.wait(), "a shutdown is in progress; logind refuses new locks until it is cancelled");
                 self.logind.schedule_retry();
             }
             Err(e) => {
-                warn!(error = %e, retry_in = ?self.logind.backoff, "cannot take the shutdown delay lock");
+                warn!(error = %e, retry_in = ?self.logind.backoff.wait(), "cannot take the shutdown delay lock");
                 self.logind.schedule_retry();
             }
         }
@@ -200,13 +200,12 @@ impl Agent {
 impl LogindLink {
     /// Tries again after the backoff, which doubles for the next failure.
     pub(super) fn schedule_retry(&mut self) {
-        self.retry_at = Some(Instant::now() + self.backoff);
-        self.backoff = (self.backoff * 2).min(LOGIND_RETRY_MAX);
+        self.retry_at = Some(Instant::now() + self.backoff.failed());
     }
 
     /// The bus connection is gone: reconnect after the backoff as it stands.
     pub(super) fn lost(&mut self) {
         self.conn = None;
-        self.retry_at = Some(Instant::now() + self.backoff);
+        self.retry_at = Some(Instant::now() + self.backoff.wait());
     }
 }

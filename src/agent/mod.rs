@@ -33,6 +33,7 @@
 //! the links.
 
 mod api;
+mod backoff;
 mod event_loop;
 mod known;
 mod lock;
@@ -65,6 +66,7 @@ use crate::logind::{self, Logind, LogindEvent, ShutdownKind};
 use crate::readiness;
 use crate::store::Mirror;
 use crate::systemd::notify;
+use backoff::Backoff;
 use state::{Action, Lock, LockEvent, Phase, PhaseEvent, View};
 use status::{DrainSummary, ShutdownOutcome, Status};
 
@@ -320,7 +322,7 @@ struct ApiLink {
     kubeconfig_retry_at: Option<Instant>,
     /// The wait before that try: [`KUBECONFIG_RETRY_MIN`], doubling up to
     /// [`KUBECONFIG_RETRY_MAX`].
-    kubeconfig_backoff: Duration,
+    kubeconfig_backoff: Backoff,
     /// The last error from the API server (watch or write), until an answer comes.
     error: Option<String>,
     /// The watch errors logged since the last answer.
@@ -332,7 +334,7 @@ struct ApiLink {
     reconcile_retry_at: Option<Instant>,
     /// The wait after a failed write: [`RECONCILE_RETRY`], doubling up to
     /// [`RECONCILE_RETRY_MAX`].
-    reconcile_backoff: Duration,
+    reconcile_backoff: Backoff,
 }
 
 /// The agent's link to logind on the system bus: the connection and the lock's fd (the lock's
@@ -346,7 +348,7 @@ struct LogindLink {
     /// When to reconnect to the bus (without `conn`) or to take the lock again.
     retry_at: Option<Instant>,
     /// The wait before that: [`LOGIND_RETRY_MIN`], doubling up to [`LOGIND_RETRY_MAX`].
-    backoff: Duration,
+    backoff: Backoff,
     /// logind's cap was raised once already: a raise that did not take is reported, not tried
     /// again at every lock take.
     cap_fix_tried: bool,
@@ -393,7 +395,7 @@ impl Agent {
                 conn: None,
                 lock_fd: None,
                 retry_at: None,
-                backoff: LOGIND_RETRY_MIN,
+                backoff: Backoff::new(LOGIND_RETRY_MIN, LOGIND_RETRY_MAX),
                 cap_fix_tried: false,
                 drain_unit: None,
             },
