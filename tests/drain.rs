@@ -356,6 +356,44 @@ fn release(emu: &EmulatorHandle, name: &str) {
     .expect("finalizer removed");
 }
 
+type DrainTask = tokio::task::JoinHandle<drain::exec::Result<drain::DrainReport>>;
+
+/// Drains NODE in a task, once every pod in `names` is being deleted (evicted by it).
+async fn drain_until_evicted(emu: &EmulatorHandle, o: DrainOptions, names: &[&str]) -> DrainTask {
+    let c = client(emu).await;
+    let run = tokio::spawn(async move { drain::drain(&c, NODE, &o).await });
+    let terminating = |n: &&str| {
+        emu.get("pods", Some("default"), n)
+            .is_some_and(|p| p.pointer("/metadata/deletionTimestamp").is_some())
+    };
+    let evicted_by = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !names.iter().all(terminating) {
+        assert!(
+            tokio::time::Instant::now() < evicted_by,
+            "pods never evicted"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    run
+}
+
+/// Asserts the drain is still running half a second later.
+async fn still_draining(run: &mut DrainTask, why: &str) {
+    let early = tokio::time::timeout(Duration::from_millis(500), run).await;
+    assert!(early.is_err(), "{why}: {early:?}");
+}
+
+/// The drain's report, which must come within `limit`; `why` says what it would have waited for.
+async fn drained_within(run: DrainTask, limit: Duration, why: &str) -> drain::DrainReport {
+    let report = tokio::time::timeout(limit, run)
+        .await
+        .unwrap_or_else(|_| panic!("{why}"))
+        .expect("drain task")
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    report
+}
+
 /// A pod whose containers its kubelet stopped has left the node: the drain (and with it logind's
 /// lock at shutdown) does not wait for the kubelet's bookkeeping after that. It does wait, as
 /// kubectl drain does, for a StatefulSet's pod (its replacement needs the name) and for a pod
@@ -379,41 +417,23 @@ async fn a_pod_its_kubelet_stopped_has_left_even_before_its_object_goes() {
     })
     .expect("claim");
     let names = ["web-0", "db-0", "data-0"];
-    let c = client(&emu).await;
-    let mut run =
-        tokio::spawn(
-            async move { drain::drain(&c, NODE, &options(Duration::from_secs(20))).await },
-        );
-    let terminating = |emu: &EmulatorHandle| {
-        names.iter().all(|n| {
-            emu.get("pods", Some("default"), n)
-                .is_some_and(|p| p.pointer("/metadata/deletionTimestamp").is_some())
-        })
-    };
-    let evicted_by = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !terminating(&emu) {
-        assert!(
-            tokio::time::Instant::now() < evicted_by,
-            "pods never evicted"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let mut run = drain_until_evicted(&emu, options(Duration::from_secs(20)), &names).await;
     for n in names {
         kubelet_stopped(&emu, n);
     }
-    let early = tokio::time::timeout(Duration::from_millis(500), &mut run).await;
-    assert!(
-        early.is_err(),
-        "the drain ended while a StatefulSet's pod and a claim's pod were still there: {early:?}"
-    );
+    still_draining(
+        &mut run,
+        "the drain ended while a StatefulSet's pod and a claim's pod were still there",
+    )
+    .await;
     release(&emu, "db-0");
     release(&emu, "data-0");
-    let report = tokio::time::timeout(Duration::from_secs(5), run)
-        .await
-        .expect("the drain waited for web-0's object, which only its kubelet's bookkeeping holds")
-        .expect("drain task")
-        .expect("drain");
-    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    let report = drained_within(
+        run,
+        Duration::from_secs(5),
+        "the drain waited for web-0's object, which only its kubelet's bookkeeping holds",
+    )
+    .await;
     assert_eq!(report.evicted.len(), 3, "{report}");
     assert_eq!(
         pods_on(&emu, NODE),
@@ -453,29 +473,18 @@ async fn on_its_node_a_drain_sees_containers_stop_in_the_cgroup_tree() {
     std::fs::write(scope.join("cgroup.events"), "populated 1\nfrozen 0\n").expect("events");
     let mut o = options(Duration::from_secs(20));
     o.node_cgroups = Some(drain::cgroups::Cgroups::at(root.path()));
-    let c = client(&emu).await;
-    let mut run = tokio::spawn(async move { drain::drain(&c, NODE, &o).await });
-    let evicted_by = tokio::time::Instant::now() + Duration::from_secs(10);
-    while emu
-        .get("pods", Some("default"), "web-0")
-        .and_then(|p| p.pointer("/metadata/deletionTimestamp").cloned())
-        .is_none()
-    {
-        assert!(tokio::time::Instant::now() < evicted_by, "never evicted");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let early = tokio::time::timeout(Duration::from_millis(500), &mut run).await;
-    assert!(early.is_err(), "ended while the container ran: {early:?}");
+    let mut run = drain_until_evicted(&emu, o, &["web-0"]).await;
+    still_draining(&mut run, "ended while the container ran").await;
     // systemd removes a container's scope when its last process exits.
     std::fs::remove_dir_all(&scope).expect("scope gone");
     // Looked for every 200 ms; 2 s leaves room for a loaded machine, and none for waiting on
     // the next watch event, which may never come.
-    let report = tokio::time::timeout(Duration::from_secs(2), run)
-        .await
-        .expect("the drain did not see the container stop")
-        .expect("drain task")
-        .expect("drain");
-    assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
+    let report = drained_within(
+        run,
+        Duration::from_secs(2),
+        "the drain did not see the container stop",
+    )
+    .await;
     assert_eq!(report.evicted.len(), 1, "{report}");
     let left = emu
         .get("pods", Some("default"), "web-0")
