@@ -312,19 +312,10 @@ impl PodFacts {
 ///
 /// Otherwise the drain waits for the object's removal, as kubectl drain always does.
 pub fn left_node(pod: &Pod, containers_running: Option<bool>) -> bool {
-    let terminal = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|p| matches!(p, "Succeeded" | "Failed"));
+    let facts = PodFacts::of(pod);
     let stopped = pod.metadata.deletion_timestamp.is_some()
-        && (terminal || containers_running == Some(false));
-    let named = pod
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|r| r.controller == Some(true) && r.kind == "StatefulSet");
+        && (facts.finished || containers_running == Some(false));
+    let named = facts.controller.is_some_and(|c| c.kind == "StatefulSet");
     let volumes_local = pod
         .spec
         .as_ref()
