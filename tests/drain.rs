@@ -10,7 +10,7 @@ use logind_harness::{LogindHarness, Options};
 use nodeward::config::{OnDeadline, Settings, Wave};
 use nodeward::drain::plan::RefuseReason;
 use nodeward::drain::step::Refusal;
-use nodeward::drain::{self, DrainOptions, DrainOutcome};
+use nodeward::drain::{self, DrainOptions, DrainOutcome, Gone};
 use serde_json::json;
 
 const NODE: &str = "worker-1";
@@ -417,7 +417,9 @@ async fn a_pod_its_kubelet_stopped_has_left_even_before_its_object_goes() {
     })
     .expect("claim");
     let names = ["web-0", "db-0", "data-0"];
-    let mut run = drain_until_evicted(&emu, options(Duration::from_secs(20)), &names).await;
+    let mut o = options(Duration::from_secs(20));
+    o.gone = Gone::Stopped(None);
+    let mut run = drain_until_evicted(&emu, o, &names).await;
     for n in names {
         kubelet_stopped(&emu, n);
     }
@@ -441,6 +443,28 @@ async fn a_pod_its_kubelet_stopped_has_left_even_before_its_object_goes() {
         "web-0 held by its finalizer"
     );
     release(&emu, "web-0");
+}
+
+/// An operator's drain of a node whose kubelet keeps running waits for the objects, as kubectl
+/// drain does: the kubelet removes them seconds after the terminal phase, and whoever runs
+/// `kubectl get pods` after the drain returned expects the node empty. (`systemctl stop
+/// nodeward-drain` outside a shutdown once returned with 8 real pods still Terminating.)
+#[tokio::test]
+async fn an_operators_drain_waits_for_the_objects_its_kubelet_still_removes() {
+    let emu = emulator().await;
+    emu.seed_pod(web("web-0").finalizer("nodeward.io/test-hold"))
+        .expect("pod");
+    let mut run = drain_until_evicted(&emu, options(Duration::from_secs(20)), &["web-0"]).await;
+    kubelet_stopped(&emu, "web-0");
+    still_draining(
+        &mut run,
+        "the drain ended while web-0's object, which its running kubelet removes, was there",
+    )
+    .await;
+    release(&emu, "web-0");
+    let report = drained_within(run, Duration::from_secs(5), "web-0's object went").await;
+    assert_eq!(report.evicted.len(), 1, "{report}");
+    assert!(pods_on(&emu, NODE).is_empty(), "{:?}", pods_on(&emu, NODE));
 }
 
 /// On the node it drains, a drain sees a container stop in the cgroup tree: the kubelet says it
@@ -472,7 +496,7 @@ async fn on_its_node_a_drain_sees_containers_stop_in_the_cgroup_tree() {
     std::fs::create_dir_all(&scope).expect("scope");
     std::fs::write(scope.join("cgroup.events"), "populated 1\nfrozen 0\n").expect("events");
     let mut o = options(Duration::from_secs(20));
-    o.node_cgroups = Some(drain::cgroups::Cgroups::at(root.path()));
+    o.gone = Gone::Stopped(Some(drain::cgroups::Cgroups::at(root.path())));
     let mut run = drain_until_evicted(&emu, o, &["web-0"]).await;
     still_draining(&mut run, "ended while the container ran").await;
     // systemd removes a container's scope when its last process exits.

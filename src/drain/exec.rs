@@ -157,9 +157,23 @@ pub struct DrainOptions {
     /// Where what the drain waits on goes, each time the Node's condition is written (the
     /// agent's status file), if anywhere.
     pub progress: Option<super::narrate::Progress>,
-    /// The drain runs on the node it drains: a pod whose containers have no process left in this
-    /// cgroup hierarchy has left ([`plan::left_node`]), before its kubelet has said so.
-    pub node_cgroups: Option<Cgroups>,
+    /// When an evicted pod counts as gone.
+    pub gone: Gone,
+}
+
+/// When an evicted pod counts as gone from its node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Gone {
+    /// When its object is deleted, as kubectl drain waits: the node's kubelet keeps running and
+    /// removes it seconds after the containers stop, and whoever runs `kubectl get pods` after the
+    /// drain expects the node empty.
+    #[default]
+    Object,
+    /// When its containers have stopped ([`plan::left_node`]): the kubelet stops with the machine
+    /// and removes the objects when it is back, or they go with the Node. With the node's cgroup
+    /// hierarchy when the drain runs on the node it drains: a pod whose containers have no
+    /// process left there has stopped before its kubelet has said so.
+    Stopped(Option<Cgroups>),
 }
 
 impl DrainOptions {
@@ -174,8 +188,10 @@ impl DrainOptions {
         let mut opts = Self::from_settings(s, reason);
         opts.plan.delete_emptydir_data = s.delete_emptydir_data_on_shutdown;
         opts.shutdown = shutdown;
-        // A shutdown drain runs on the machine that shuts down.
-        opts.node_cgroups = shutdown.then(Cgroups::system);
+        // A shutdown drain runs on the machine that shuts down, whose kubelet stops with it.
+        if shutdown {
+            opts.gone = Gone::Stopped(Some(Cgroups::system()));
+        }
         opts
     }
 
@@ -196,7 +212,7 @@ impl DrainOptions {
             metrics: None,
             shutdown: false,
             progress: None,
-            node_cgroups: None,
+            gone: Gone::Object,
         }
     }
 }
@@ -871,17 +887,17 @@ impl<'a> Drain<'a> {
         Ok(())
     }
 
-    /// Whether `pod` has left the node though its object is still there ([`plan::left_node`],
-    /// with the node's own word on its containers when the drain runs there).
+    /// Whether `pod` has left the node though its object is still there: never when the drain
+    /// waits for objects ([`Gone`]), else [`plan::left_node`], with the node's own word on its
+    /// containers when the drain runs there.
     fn has_left(&self, pod: &Pod) -> bool {
+        let Gone::Stopped(cgroups) = &self.opts.gone else {
+            return false;
+        };
         if pod.metadata.deletion_timestamp.is_none() {
             return false;
         }
-        let running = self
-            .opts
-            .node_cgroups
-            .as_ref()
-            .and_then(|c| c.containers_running(pod));
+        let running = cgroups.as_ref().and_then(|c| c.containers_running(pod));
         plan::left_node(pod, running)
     }
 
@@ -904,7 +920,9 @@ impl<'a> Drain<'a> {
         surges: &mut Surges,
         now: Instant,
     ) -> Option<Instant> {
-        self.opts.node_cgroups.as_ref()?;
+        let Gone::Stopped(Some(_)) = &self.opts.gone else {
+            return None;
+        };
         let mut waiting = false;
         for p in pods.state() {
             let uid = p.metadata.uid.as_deref().unwrap_or_default();

@@ -22,6 +22,6 @@ pub mod surge;
 mod surging;
 
 pub use exec::{
-    CordonOutcome, DrainOptions, DrainOutcome, DrainReport, UncordonOutcome, cordon,
+    CordonOutcome, DrainOptions, DrainOutcome, DrainReport, Gone, UncordonOutcome, cordon,
     cordon_for_shutdown, drain, dry_run, uncordon,
 };
