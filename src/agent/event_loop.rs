@@ -145,7 +145,7 @@ impl Agent {
                 // reconcile that a frozen API server holds (each call bounded by
                 // REQUEST_DEADLINE), as a random pick among ready branches could.
                 biased;
-                _ = src.sigterm.recv() => { info!("SIGTERM: the service is stopping (not a shutdown); releasing the lock without draining"); break; }
+                _ = src.sigterm.recv() => { info!(phase = ?self.known.phase, "{}", self.known.phase.on_sigterm()); break; }
                 _ = src.sigint.recv() => { info!("SIGINT: stopping; releasing the lock without draining"); break; }
                 ev = next_or_pending(&mut src.logind_events) => self.on_logind_event(ev, &mut src).await,
                 Some(()) = src.file_rx.recv() => self.on_gate_files(&mut src).await?,

@@ -76,6 +76,22 @@ impl Phase {
     pub fn gates_act(self) -> bool {
         matches!(self, Phase::Booting | Phase::Gated | Phase::Ready)
     }
+
+    /// What a SIGTERM in this phase means, for the journal. It never drains: only logind's
+    /// announcement starts a shutdown drain.
+    pub fn on_sigterm(self) -> &'static str {
+        match self {
+            Phase::Booting | Phase::Gated | Phase::Ready => {
+                "SIGTERM: the service is stopping, not the machine (a restart, an upgrade, systemctl \
+                 stop); releasing the lock without draining"
+            }
+            Phase::Draining => {
+                "SIGTERM: stopped during the shutdown drain (logind's cap on the lock ran out, or \
+                 the unit was stopped): the drain is cut short; pods still on the node stop with it"
+            }
+            Phase::Drained => "SIGTERM: the system is shutting down, after its drain",
+        }
+    }
 }
 
 /// The logind inhibitor lock.

@@ -321,3 +321,24 @@ fn reconcile_table() {
         assert_eq!(reconcile(&v), want, "{name}");
     }
 }
+
+/// SIGTERM never drains, and the journal says what it meant where it came: a service stop
+/// before a shutdown, the system's stop after the shutdown drain (a real node logged "not a
+/// shutdown" there), or the drain cut short.
+#[test]
+fn sigterm_says_what_it_means_in_each_phase() {
+    use Phase::*;
+    for phase in [Booting, Gated, Ready] {
+        assert!(
+            phase.on_sigterm().contains("not the machine"),
+            "{phase:?}: {}",
+            phase.on_sigterm()
+        );
+    }
+    assert!(Drained.on_sigterm().contains("after its drain"));
+    assert!(Draining.on_sigterm().contains("cut short"));
+    assert!(Drained.on_sigterm().starts_with("SIGTERM: the system"));
+    for phase in [Booting, Gated, Ready, Draining, Drained] {
+        assert!(phase.on_sigterm().starts_with("SIGTERM: "), "{phase:?}");
+    }
+}
