@@ -442,6 +442,27 @@ async fn a_pod_its_kubelet_stopped_has_left_even_before_its_object_goes() {
         ["web-0"],
         "web-0 held by its finalizer"
     );
+    // The report says which objects outlive the drain, and why.
+    let stopped: Vec<String> = report.stopped.iter().map(|p| p.name.clone()).collect();
+    assert_eq!(stopped, ["web-0"], "{report}");
+    assert!(
+        report
+            .to_string()
+            .contains("stopped, its object still there: default/web-0"),
+        "{report}"
+    );
+    let notes: Vec<String> = emu
+        .list("events.events.k8s.io", Some("default"))
+        .iter()
+        .filter(|e| e.get("reason").and_then(|r| r.as_str()) == Some("DrainSucceeded"))
+        .filter_map(|e| e.get("note").and_then(|n| n.as_str()).map(str::to_string))
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("1 stopped, their objects Terminating until the kubelet is back")),
+        "{notes:?}"
+    );
     release(&emu, "web-0");
 }
 
@@ -465,6 +486,7 @@ async fn an_operators_drain_waits_for_the_objects_its_kubelet_still_removes() {
     let report = drained_within(run, Duration::from_secs(5), "web-0's object went").await;
     assert_eq!(report.evicted.len(), 1, "{report}");
     assert!(pods_on(&emu, NODE).is_empty(), "{:?}", pods_on(&emu, NODE));
+    assert!(report.stopped.is_empty(), "{report}");
 }
 
 /// On the node it drains, a drain sees a container stop in the cgroup tree: the kubelet says it

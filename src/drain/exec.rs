@@ -236,6 +236,10 @@ pub struct DrainReport {
     pub force_deleted: Vec<PodRef>,
     /// Eviction requests sent.
     pub eviction_requests: usize,
+    /// Pods being deleted whose containers had stopped when the drain ended, their objects
+    /// still there ([`Gone::Stopped`]): they stay Terminating until their kubelet is back, or
+    /// go with the Node.
+    pub stopped: Vec<PodRef>,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -252,6 +256,7 @@ impl DrainReport {
             left_behind: tally.left_behind,
             force_deleted: tally.force_deleted,
             eviction_requests: tally.eviction_requests,
+            stopped: Vec::new(),
             elapsed,
         }
     }
@@ -280,6 +285,12 @@ impl std::fmt::Display for DrainReport {
         }
         for p in &self.force_deleted {
             writeln!(f, "  deleted past its budget {p}")?;
+        }
+        for p in &self.stopped {
+            writeln!(
+                f,
+                "  stopped, its object still there: {p} (Terminating until its kubelet is back, or the Node goes)"
+            )?;
         }
         Ok(())
     }
@@ -764,7 +775,8 @@ impl<'a> Drain<'a> {
             }
         };
         surges.finish(self.client, GIVE_BACK_LIMIT).await;
-        let report = DrainReport::of(self.node, outcome, schedule.finish(), started.elapsed());
+        let mut report = DrainReport::of(self.node, outcome, schedule.finish(), started.elapsed());
+        report.stopped = self.stopped(&w.pods);
         self.announce_end(&report, eventful, narrator).await;
         info!(node = self.node, summary = %report.to_string().trim_end(), "drain finished");
         Ok(report)
@@ -901,6 +913,15 @@ impl<'a> Drain<'a> {
         plan::left_node(pod, running)
     }
 
+    /// The pods that have left though their objects are still there ([`Self::has_left`]).
+    fn stopped(&self, pods: &Mirror<Pod>) -> Vec<PodRef> {
+        pods.state()
+            .iter()
+            .filter(|p| self.has_left(p))
+            .map(|p| PodRef::of(p))
+            .collect()
+    }
+
     /// The UIDs of the pods still on the node: listed, and not [`Self::has_left`].
     fn on_node(&self, pods: &Mirror<Pod>) -> BTreeSet<String> {
         pods.state()
@@ -973,6 +994,12 @@ impl<'a> Drain<'a> {
                 );
                 if !refused.is_empty() {
                     note.push_str(&format!("; refused: {}", refused.join(", ")));
+                }
+                if !report.stopped.is_empty() {
+                    note.push_str(&format!(
+                        "; {} stopped, their objects Terminating until the kubelet is back",
+                        report.stopped.len()
+                    ));
                 }
                 (EventType::Normal, "DrainSucceeded", note)
             }
