@@ -245,8 +245,15 @@ pub struct DrainReport {
 }
 
 impl DrainReport {
-    /// The report of a drain of `node` that ended with `outcome` after `elapsed`.
-    fn of(node: &str, outcome: DrainOutcome, tally: super::step::Tally, elapsed: Duration) -> Self {
+    /// The report of a drain of `node` that ended with `outcome` after `elapsed`, with the pods
+    /// that had `stopped` though their objects were still there.
+    fn of(
+        node: &str,
+        outcome: DrainOutcome,
+        tally: super::step::Tally,
+        stopped: Vec<PodRef>,
+        elapsed: Duration,
+    ) -> Self {
         Self {
             node: node.to_string(),
             outcome,
@@ -256,7 +263,7 @@ impl DrainReport {
             left_behind: tally.left_behind,
             force_deleted: tally.force_deleted,
             eviction_requests: tally.eviction_requests,
-            stopped: Vec::new(),
+            stopped,
             elapsed,
         }
     }
@@ -775,8 +782,14 @@ impl<'a> Drain<'a> {
             }
         };
         surges.finish(self.client, GIVE_BACK_LIMIT).await;
-        let mut report = DrainReport::of(self.node, outcome, schedule.finish(), started.elapsed());
-        report.stopped = self.stopped(&w.pods);
+        let stopped = self.stopped(&w.pods);
+        let report = DrainReport::of(
+            self.node,
+            outcome,
+            schedule.finish(),
+            stopped,
+            started.elapsed(),
+        );
         self.announce_end(&report, eventful, narrator).await;
         info!(node = self.node, summary = %report.to_string().trim_end(), "drain finished");
         Ok(report)
