@@ -28,6 +28,12 @@ use serde_json::{Value, json};
 
 const API_TOKEN: &str = "cherry-real-e2e-token-4c3b2a";
 const LIMIT: Duration = Duration::from_secs(90);
+/// The bootstrap values the scaler renders its machines' user data from.
+const REAL_VALUES: &str = r#"api_server_endpoint = "10.0.2.100:6443"
+ca_cert_hashes = ["sha256:8c3d1e4f0a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d"]
+kubernetes_version = "v1.37.2"
+package_url = "https://10.0.2.101/nodeward.{ext}"
+"#;
 
 /// The machines that booted: their agents run until the test ends.
 #[derive(Default)]
@@ -120,15 +126,7 @@ async fn scale_up_and_down(cluster: Cluster) {
     let cherry = common::cherry_emulator(API_TOKEN).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let values = dir.path().join("values.toml");
-    std::fs::write(
-        &values,
-        r#"api_server_endpoint = "10.0.2.100:6443"
-ca_cert_hashes = ["sha256:8c3d1e4f0a9b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d"]
-kubernetes_version = "v1.37.2"
-package_url = "https://10.0.2.101/nodeward.{ext}"
-"#,
-    )
-    .expect("values");
+    std::fs::write(&values, REAL_VALUES).expect("values");
     let group_name = unique("g").replace('-', "");
     let mut settings = Settings::default();
     let s = &mut settings.scaler;
@@ -363,6 +361,129 @@ package_url = "https://10.0.2.101/nodeward.{ext}"
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin)
         .delete(&ns, &Default::default())
         .await;
+}
+
+/// A node older than `max_provision_time` reboots: its flannel subnet file (tmpfs) is gone
+/// until flannel is back, its agent reports `nodeward.io/Ready=False` and the shipped
+/// controller (`--mode continuous`) puts the startup taint back. The scaler must not read that
+/// as a node that never came up: its machine stays, and the node comes back (issue 41).
+async fn rebooting_node_keeps_its_machine(cluster: Cluster) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info,kube=warn")
+        .with_test_writer()
+        .try_init();
+    let admin = cluster.admin().await;
+    let cherry = common::cherry_emulator(API_TOKEN).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = Settings::default();
+    let s = &mut settings.scaler;
+    s.cluster_name = "real".into();
+    s.values = dir.path().join("values.toml");
+    std::fs::write(&s.values, REAL_VALUES).expect("values");
+    s.cherry.api_url = cherry.url();
+    s.cherry.project_id = Some(7);
+    s.cherry.request_timeout = Duration::from_secs(2);
+    s.scan_interval = Duration::from_millis(200);
+    s.lease_duration = Duration::from_secs(2);
+    s.metrics_address = None;
+    s.scale_down_enabled = false;
+    s.max_provision_time = Duration::from_secs(3);
+    let group_name = unique("rb").replace('-', "");
+    let mut group = common::scaler_group(&group_name, 2);
+    group.min = 1;
+    s.groups = vec![group];
+    let namespace = s.namespace.clone();
+    let _controller = common::spawn_controller(
+        &cluster.service_account_kubeconfig(common::CONTROLLER_SA.0, common::CONTROLLER_SA.1),
+        &["--mode", "continuous"],
+    );
+    let scaler = common::real_scaler(&cluster, &settings, API_TOKEN, "real-reboot").await;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let scaler_task = tokio::spawn(async move {
+        scaler
+            .run(async {
+                let _ = stop_rx.await;
+            })
+            .await
+            .expect("scaler runs");
+    });
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let tainted = |n: &Node| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| t.key == STARTUP_TAINT_KEY))
+    };
+    // The group's minimum: one machine boots, becomes ready, its taint is lifted.
+    let mut machines = Machines::default();
+    let t0 = Instant::now();
+    let host = loop {
+        boot_new_machines(&cluster, &cherry, &mut machines).await;
+        let listed = nodes
+            .list(&ListParams::default().labels(&format!("nodeward.io/node-group={group_name}")))
+            .await
+            .expect("nodes")
+            .items;
+        if let [n] = listed.as_slice()
+            && !tainted(n)
+        {
+            break n.metadata.name.clone().unwrap_or_default();
+        }
+        assert!(
+            t0.elapsed() < LIMIT,
+            "the minimum's node never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Older than max_provision_time, it "reboots": flannel's subnet file is gone.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    common::remove_flannel(&machines.agents[0]);
+    let t1 = Instant::now();
+    loop {
+        let n = nodes.get(&host).await.expect("node");
+        if tainted(&n) {
+            break;
+        }
+        assert!(
+            t1.elapsed() < LIMIT,
+            "the controller never put the startup taint back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Ten scans and more with the taint back: the machine stays.
+    let watch_until = jiff::Timestamp::now() + Duration::from_secs(3);
+    while !status_time(&admin, &namespace)
+        .await
+        .is_some_and(|t| t > watch_until)
+    {
+        assert!(
+            cherry.deleted().is_empty(),
+            "the scaler deleted the rebooting node's machine: {:?}",
+            cherry.deleted()
+        );
+        assert!(t1.elapsed() < LIMIT, "the scaler's status did not advance");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        cherry.deleted().is_empty(),
+        "deleted: {:?}",
+        cherry.deleted()
+    );
+    // Flannel is back: so is the node.
+    common::write_flannel(&machines.agents[0]);
+    let t2 = Instant::now();
+    while tainted(&nodes.get(&host).await.expect("node")) {
+        assert!(t2.elapsed() < LIMIT, "the node never became ready again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        cherry.deleted().is_empty(),
+        "deleted: {:?}",
+        cherry.deleted()
+    );
+    let _ = stop_tx.send(());
+    let _ = scaler_task.await;
+    let _ = nodes.delete(&host, &Default::default()).await;
 }
 
 /// Sets or removes the annotation that keeps a node out of scale-down.
@@ -722,6 +843,7 @@ async fn scaler_identity_is_least_privilege(cluster: Cluster) {
 real_only! {
     the_scaler_identity_is_least_privilege => super::scaler_identity_is_least_privilege;
     pending_pods_bring_machines_that_join_become_ready_and_leave => super::scale_up_and_down;
+    a_rebooting_node_older_than_max_provision_time_keeps_its_machine => super::rebooting_node_keeps_its_machine;
     match_label_keys_arrive_merged_into_the_selectors => super::match_label_keys_arrive_merged;
     the_scheduler_counts_a_pods_affinity_terms_together => super::affinity_terms_count_together;
     a_spread_honouring_taints_leaves_a_repelling_zone_out => super::spread_honours_taints;

@@ -268,9 +268,15 @@ async fn write_startup_taint(
             _ => return Ok::<_, std::convert::Infallible>(NodeWrite::Done(None)),
         };
         if change == TaintChange::Add {
+            // Put back, never registered with: `timeAdded` says so to the scaler, which must
+            // judge a rebooting node as NotReady, never as one that never came up
+            // (`scaler::model::ever_ready`). kubelet's `--register-with-taints` leaves it unset.
             list.push(Taint {
                 key: STARTUP_TAINT_KEY.into(),
                 effect: STARTUP_TAINT_EFFECT.to_string(),
+                time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    jiff::Timestamp::now(),
+                )),
                 ..Taint::default()
             });
         } else {

@@ -244,3 +244,38 @@ fn the_legacy_startup_taint_key_is_still_ours() {
     assert!(has_startup_taint(&n));
     assert_eq!(decide(&n, Mode::Continuous), Some(TaintChange::Remove));
 }
+
+#[test]
+fn a_taint_put_back_tells_the_scaler_the_node_was_ready_before() {
+    // As kubelet registers it: no timeAdded, a first boot.
+    let registered = node(Some("False"), true);
+    let view = crate::scaler::model::node_view(&registered);
+    assert!(view.booting() && !view.ever_ready && view.first_boot());
+    // As the controller or the agent puts it back: stamped.
+    let mut back = node(Some("False"), true);
+    if let Some(t) = back
+        .spec
+        .as_mut()
+        .and_then(|s| s.taints.as_mut())
+        .and_then(|ts| ts.iter_mut().find(|t| t.key == STARTUP_TAINT_KEY))
+    {
+        t.time_added = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:00Z".parse().expect("time"),
+        ));
+    }
+    let view = crate::scaler::model::node_view(&back);
+    assert!(view.booting() && view.ever_ready && !view.first_boot());
+    // Another taint's timeAdded says nothing.
+    let mut other = node(Some("False"), true);
+    if let Some(t) = other
+        .spec
+        .as_mut()
+        .and_then(|s| s.taints.as_mut())
+        .and_then(|ts| ts.iter_mut().find(|t| t.key == "other"))
+    {
+        t.time_added = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:00Z".parse().expect("time"),
+        ));
+    }
+    assert!(crate::scaler::model::node_view(&other).first_boot());
+}

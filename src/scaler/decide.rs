@@ -214,13 +214,13 @@ pub enum Action {
 
 /// The cluster-health guard's verdict on a snapshot: `Some((unready, total))` when more than
 /// `ok_unready_count` nodes *and* more than `max_unready_percent` % of all nodes are NotReady
-/// (nodes still booting are neither), as cluster-autoscaler judges a cluster unhealthy.
+/// (nodes booting for the first time are neither; rebooting ones are NotReady), as cluster-autoscaler judges a cluster unhealthy.
 pub fn unhealthy(snap: &Snapshot, s: &ScalerSettings) -> Option<(u32, u32)> {
     let total = u32::try_from(snap.nodes.len()).unwrap_or(u32::MAX);
     let unready = snap
         .nodes
         .iter()
-        .filter(|n| !n.ready && !n.booting())
+        .filter(|n| !n.ready && !n.first_boot())
         .count();
     let unready = u32::try_from(unready).unwrap_or(u32::MAX);
     let over_share = u64::from(unready) * 100 > u64::from(s.max_unready_percent) * u64::from(total);
@@ -921,7 +921,7 @@ fn repair<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, guard: Option<(u32, u32)>) 
     back_offs(cx, plan, &failures);
 }
 
-/// One group's NotReady nodes (booting ones aside) among its nodes, and whether the per-group
+/// One group's NotReady nodes (first boots aside) among its nodes, and whether the per-group
 /// guard holds: more than one NotReady *and* more than `max_unready_group_percent` % of them.
 struct GroupHealth {
     unready: u32,
@@ -934,7 +934,7 @@ fn unready_by_group(cx: &Context<'_>) -> Vec<GroupHealth> {
     for n in &cx.snap.nodes {
         if let Some(&gi) = n.group().and_then(|g| cx.groups.get(g)) {
             counts[gi].1 += 1;
-            counts[gi].0 += u32::from(!n.ready && !n.booting());
+            counts[gi].0 += u32::from(!n.ready && !n.first_boot());
         }
     }
     let pct = u64::from(cx.s.max_unready_group_percent);
@@ -1004,10 +1004,12 @@ fn repair_machines<'a>(
             None => None,
             // Never a control-plane or etcd host, nor a node an operator protected.
             Some(n) if n.protected_role(&s.controller_node_labels) || n.scale_down_disabled => None,
-            Some(n) if n.booting() && (n.not_ready_in_time || age >= s.max_provision_time) => {
+            // Only a first boot can fail to come up: a node that was ready and reboots (the
+            // startup taint back, its agent perhaps giving up) is judged NotReady, below.
+            Some(n) if n.first_boot() && (n.not_ready_in_time || age >= s.max_provision_time) => {
                 Some(RepairReason::NeverReady)
             }
-            Some(n) if !n.booting() && !n.ready => {
+            Some(n) if !n.first_boot() && !n.ready => {
                 let since = n.ready_transition.or(n.created).unwrap_or(m.created);
                 (elapsed(now, since) >= s.unready_delete_time).then_some(RepairReason::Unready)
             }
@@ -1053,7 +1055,7 @@ fn delete_machineless_nodes<'a>(cx: &Context<'a>, plan: &mut Plan<'a>, budget: &
         };
         if cx.machine_by_host.contains_key(n.name.as_str())
             || n.ready
-            || n.booting()
+            || n.first_boot()
             || n.scale_down_in_progress
             || n.protected_role(&s.controller_node_labels)
             || n.scale_down_disabled

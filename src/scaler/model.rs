@@ -66,6 +66,9 @@ pub struct NodeView {
     pub scale_down_disabled: bool,
     /// The agent gave up on it: its `nodeward.io/Ready` condition has reason `NotReadyInTime`.
     pub not_ready_in_time: bool,
+    /// It has been ready before: its startup taint was put back ([`ever_ready`]). A node that
+    /// reboots is judged by the NotReady rule and its guards, never as one that never came up.
+    pub ever_ready: bool,
     /// [`SCALE_DOWN_FAILED`]: the fingerprint recorded when a scale-down drain last failed.
     pub scale_down_failed: Option<String>,
 }
@@ -76,9 +79,16 @@ impl NodeView {
         self.labels.get(NODE_GROUP_LABEL).map(String::as_str)
     }
 
-    /// Still booting: registered with the startup taint the agent removes when ready.
+    /// Still booting: registered with the startup taint the agent removes when ready, or given
+    /// it back while it comes up again.
     pub fn booting(&self) -> bool {
         self.taints.iter().any(|t| is_startup_taint_key(&t.key))
+    }
+
+    /// Booting for the first time: the startup taint is the one it registered with. Only such a
+    /// node can "never become ready"; one that was ready before and reboots is NotReady at worst.
+    pub fn first_boot(&self) -> bool {
+        self.booting() && !self.ever_ready
     }
 
     /// The taints pods will still meet once this node is up: without nodeward's startup taint
@@ -410,6 +420,7 @@ pub fn node_view(node: &Node) -> NodeView {
         && spec.unschedulable.unwrap_or(false);
     NodeView {
         not_ready_in_time: crate::readiness::reports_not_ready_in_time(node),
+        ever_ready: ever_ready(node),
         name,
         labels: node.metadata.labels.clone().unwrap_or_default(),
         taints: spec
@@ -433,6 +444,19 @@ pub fn node_view(node: &Node) -> NodeView {
             == Some("true"),
         scale_down_failed: annotations.get(SCALE_DOWN_FAILED).cloned(),
     }
+}
+
+/// Whether `node`, booting, has been ready before: its startup taint carries a `timeAdded` only
+/// when nodeward put it back after lifting it ([`crate::readiness::set_startup_taint`], the
+/// controller's continuous mode), and nodeward lifts it only when the node reports ready;
+/// kubelet's `--register-with-taints` never sets it. (Only read while the node is booting.)
+pub fn ever_ready(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .any(|t| is_startup_taint_key(&t.key) && t.time_added.is_some())
 }
 
 /// Converts a toleration; `None` for one that tolerates nothing ([`TolerationView`]).

@@ -73,6 +73,7 @@ fn node(name: &str, group: Option<&str>) -> NodeView {
         unneeded_since: None,
         scale_down_disabled: false,
         not_ready_in_time: false,
+        ever_ready: false,
         scale_down_failed: None,
     }
 }
@@ -1403,6 +1404,72 @@ fn no_scale_down_while_scaling_up() {
     snap.pods.push(pod("needs-room", 3900, 1));
     let a = decide(&snap, t0(), &s);
     assert!(scale_downs(&a).is_empty(), "{a:?}");
+}
+
+/// A node that was ready before and reboots gets the startup taint back (the continuous
+/// controller, the agent) until its gates pass again: however old its machine, it is no
+/// "never ready" node. NotReady long enough, it is replaced by the NotReady rule, under its
+/// per-pass cap and the cluster-health guard (issue 41, defect 1).
+#[test]
+fn a_rebooting_node_is_never_never_ready() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let rebooting = |n: &mut NodeView| {
+        n.taints.push(TaintView {
+            key: STARTUP_TAINT_KEY.into(),
+            value: String::new(),
+            effect: TaintEffect::NoSchedule,
+        });
+        n.ever_ready = true;
+        n.ready = false;
+        n.ready_transition = Some(at(59));
+    };
+    let repairs = |a: &[Action]| -> Vec<RepairReason> {
+        a.iter()
+            .filter_map(|a| match a {
+                Action::Repair { reason, .. } => Some(*reason),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut snap = Snapshot::default();
+    for name in ["r1", "r2", "r3", "r4", "r5"] {
+        member(&mut snap, name, "web");
+    }
+    rebooting(&mut snap.nodes[0]);
+    assert_eq!(
+        repairs(&decide(&snap, at(60), &s)),
+        [],
+        "an hour old, rebooting"
+    );
+    snap.nodes[0].not_ready_in_time = true;
+    assert_eq!(
+        repairs(&decide(&snap, at(60), &s)),
+        [],
+        "its agent gave up after a restart"
+    );
+    assert_eq!(
+        repairs(&decide(&snap, at(79), &s)),
+        [RepairReason::Unready],
+        "NotReady for unready_delete_time: the NotReady rule"
+    );
+
+    // A reboot wave: four of five NotReady at once is the cluster guard's to hold.
+    for n in &mut snap.nodes[1..4] {
+        rebooting(n);
+    }
+    let a = decide(&snap, at(80), &s);
+    assert_eq!(repairs(&a), [], "{a:?}");
+    assert!(
+        a.iter().any(|a| matches!(
+            a,
+            Action::GuardHolds {
+                group: None,
+                unready: 4,
+                ..
+            }
+        )),
+        "{a:?}"
+    );
 }
 
 #[test]

@@ -1108,6 +1108,7 @@ mod tests {
             unneeded_since: None,
             scale_down_disabled: false,
             not_ready_in_time: false,
+            ever_ready: false,
             scale_down_failed: None,
         }
     }
