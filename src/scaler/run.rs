@@ -933,6 +933,11 @@ impl<P: Provider + 'static> Inner<P> {
             .map(|()| {
                 let first_sent = &first_sent;
                 async move {
+                    // Each machine is one act: a replica that lost the Lease while the batch
+                    // ran mints no token and creates no machine (the batch was fenced once).
+                    if !self.is_leader() {
+                        return Err(Error::NotLeader);
+                    }
                     // Minted and rendered just before its create, so the first request
                     // leaves after one mint and one render rather than the whole batch's.
                     let spec = self.prepare(g, template, expires).await?;
@@ -1111,6 +1116,13 @@ impl<P: Provider + 'static> Inner<P> {
         for result in results {
             let (host, r) = match result {
                 Ok(pair) => pair,
+                Err(Error::NotLeader) => {
+                    warn!(
+                        group,
+                        "lost the Lease mid-batch; the rest of it is not created"
+                    );
+                    continue;
+                }
                 Err(e) => {
                     let kind = if matches!(e, Error::Token(_)) {
                         "token"
