@@ -751,8 +751,9 @@ async fn match_label_keys_arrive_merged(cluster: Cluster) {
     let _ = pods.delete("p", &Default::default()).await;
 }
 
-/// The scaler's identity, as shipped in rbac-scaler.yaml, may create bootstrap tokens and
-/// delete the ones it minted, and nothing more with Secrets: it cannot read one (every Secret in
+/// The scaler's identity, as shipped in rbac-scaler.yaml, may create bootstrap tokens labelled as
+/// its own and delete the ones it minted, and nothing more with Secrets: it cannot create another
+/// Secret, read one (every Secret in
 /// kube-system holds a credential), list them, or delete another (a delete returns the object:
 /// the admission policy refuses it, even for a bootstrap token someone else made); nor replace a
 /// Node whole. Tried for real, as the ServiceAccount, against the real authorizer and admission.
@@ -788,8 +789,33 @@ async fn scaler_identity_is_least_privilege(cluster: Cluster) {
             .await
             .map(drop),
     );
-    // A bootstrap token of someone else's (kubeadm's, an operator's): not the scaler's to delete.
+    // Create: only a bootstrap token labelled as the scaler's. Not a plain Secret (a credential
+    // planted in kube-system), nor an unlabelled token (one it could not clean up).
+    let planted: Secret = serde_json::from_value(json!({
+        "metadata": {"name": unique("planted"), "namespace": "kube-system",
+            "labels": {"app.kubernetes.io/managed-by": "nodeward-scaler"}},
+        "stringData": {"password": "hunter2"}
+    }))
+    .expect("secret");
+    forbidden(
+        "create a Secret other than a bootstrap token",
+        secrets
+            .create(&PostParams::default(), &planted)
+            .await
+            .map(drop),
+    );
     let expires = jiff::Timestamp::now() + jiff::SignedDuration::from_mins(5);
+    let unlabelled = nodeward::scaler::token::generate(&mut rand::rng());
+    let mut unlabelled = nodeward::scaler::token::secret_object(&unlabelled, expires, &[], "g");
+    unlabelled.metadata.labels = None;
+    forbidden(
+        "create a bootstrap token without its label",
+        secrets
+            .create(&PostParams::default(), &unlabelled)
+            .await
+            .map(drop),
+    );
+    // A bootstrap token of someone else's (kubeadm's, an operator's): not the scaler's to delete.
     let foreign = nodeward::scaler::token::generate(&mut rand::rng());
     let mut foreign_secret = nodeward::scaler::token::secret_object(&foreign, expires, &[], "g");
     foreign_secret.metadata.labels = None;
