@@ -138,6 +138,21 @@ impl Systemd {
         proxy.get_property("ActiveState").await
     }
 
+    /// When this userspace started, on `CLOCK_MONOTONIC` (`UserspaceTimestampMonotonic`): the
+    /// kernel's boot for a full boot, the switch-over for a `systemctl soft-reboot`, which keeps
+    /// the kernel and its clocks.
+    ///
+    /// # Errors
+    ///
+    /// systemd did not answer.
+    pub async fn userspace_start_monotonic(&self) -> zbus::Result<Duration> {
+        let usec: u64 = self
+            .manager
+            .get_property("UserspaceTimestampMonotonic")
+            .await?;
+        Ok(Duration::from_micros(usec))
+    }
+
     /// Queues a stop job for `unit` (mode "replace"); does not wait for it to finish.
     ///
     /// # Errors

@@ -29,6 +29,7 @@ impl Known {
             pods: Mirror::default(),
             started,
             overdue_reported: false,
+            userspace_since_boot: Duration::ZERO,
             own_cordon: false,
             shutdown_started: None,
             last_drain: None,

@@ -23,12 +23,38 @@ impl Agent {
                 return None;
             }
         };
+        self.read_userspace_start(conn.connection()).await;
         self.logind.conn = Some(conn);
         self.logind.backoff.reset();
         if self.known.wants_lock() {
             self.take_lock().await;
         }
         Some(events)
+    }
+
+    /// Reads when this userspace started from systemd, on the bus logind is on: after a
+    /// soft-reboot the kernel's boot is no longer this boot's start. Where systemd does not
+    /// answer (no systemd on the bus, as in the logind harness), the kernel's boot stands.
+    async fn read_userspace_start(&mut self, conn: &zbus::Connection) {
+        let read = async {
+            crate::systemd::Systemd::on(conn)
+                .await?
+                .userspace_start_monotonic()
+                .await
+        };
+        match tokio::time::timeout(crate::systemd::TIMEOUT, read).await {
+            Ok(Ok(start)) => {
+                if let Some(d) = userspace_since_boot(start) {
+                    self.known.userspace_since_boot = d;
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "systemd does not say when userspace started; the kernel's boot is this boot's start")
+            }
+            Err(_) => tracing::debug!(
+                "systemd did not say in time when userspace started; the kernel's boot is this boot's start"
+            ),
+        }
     }
 
     /// Lists kubelet's shutdown delay locks into the facts (none without logind); true when they

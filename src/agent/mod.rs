@@ -279,6 +279,9 @@ struct Known {
     started: Instant,
     /// `NodeNotReadyInTime` was reported: it is said once per run.
     overdue_reported: bool,
+    /// Where on `CLOCK_BOOTTIME` this userspace started (zero until systemd says, and where
+    /// it cannot): after a soft-reboot, later than the kernel's boot ([`boot_time`]).
+    userspace_since_boot: Duration,
     /// This agent cordoned the Node for a shutdown: if the shutdown is cancelled, a cordon to
     /// lift once the gates pass, unlike an operator's `nodeward drain`.
     own_cordon: bool,
@@ -467,7 +470,10 @@ impl Agent {
         }
         // The boot's wall-clock time is computed each time: a clock set after the agent started
         // (NTP's first step) moves it.
-        let view = self.known.view(&self.settings.agent, boot_time());
+        let view = self.known.view(
+            &self.settings.agent,
+            boot_time(self.known.userspace_since_boot),
+        );
         for action in state::reconcile(&view) {
             if let Err((what, error)) = self.act(&client, action).await {
                 self.api.write_failed(&self.node, what, &error);
@@ -668,24 +674,95 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// This boot's start: the wall clock now minus the time since boot (`CLOCK_BOOTTIME`, which
-/// counts suspended time too). A syscall rather than /proc/stat, which the hardened unit hides
-/// (`ProcSubset=pid`).
-fn boot_time() -> Option<jiff::Timestamp> {
-    use nix::time::{ClockId, clock_gettime};
-    let since_boot = clock_gettime(ClockId::CLOCK_BOOTTIME).ok()?;
-    let up = jiff::SignedDuration::new(
-        since_boot.tv_sec(),
-        i32::try_from(since_boot.tv_nsec()).ok()?,
-    );
-    jiff::Timestamp::now().checked_sub(up).ok()
+/// This boot's start on the wall clock: now minus the time since this userspace started, which
+/// is the kernel's boot (`CLOCK_BOOTTIME`, which counts suspended time too) moved on by
+/// `userspace_since_boot`. A `systemctl soft-reboot` keeps the kernel and its clocks but starts
+/// userspace, and this agent, anew: a shutdown cordon made before it is from before this boot.
+/// A syscall rather than /proc/stat, which the hardened unit hides (`ProcSubset=pid`).
+fn boot_time(userspace_since_boot: Duration) -> Option<jiff::Timestamp> {
+    use nix::time::ClockId;
+    this_boot(
+        jiff::Timestamp::now(),
+        clock(ClockId::CLOCK_BOOTTIME)?,
+        userspace_since_boot,
+    )
+}
+
+/// [`boot_time`]'s arithmetic: `now` less the time since userspace started.
+fn this_boot(
+    now: jiff::Timestamp,
+    since_kernel_boot: Duration,
+    userspace_since_boot: Duration,
+) -> Option<jiff::Timestamp> {
+    let up = since_kernel_boot.saturating_sub(userspace_since_boot);
+    now.checked_sub(jiff::SignedDuration::try_from(up).ok()?)
+        .ok()
+}
+
+/// Where on `CLOCK_BOOTTIME` userspace started, from systemd's start on `CLOCK_MONOTONIC`
+/// ([`crate::systemd::Systemd::userspace_start_monotonic`]): the two clocks differ by the
+/// time spent suspended, all of it counted as before the start (at worst the boot reads a
+/// little later than it was).
+fn userspace_since_boot(monotonic_start: Duration) -> Option<Duration> {
+    use nix::time::ClockId;
+    let suspended =
+        clock(ClockId::CLOCK_BOOTTIME)?.saturating_sub(clock(ClockId::CLOCK_MONOTONIC)?);
+    monotonic_start.checked_add(suspended)
+}
+
+fn clock(id: nix::time::ClockId) -> Option<Duration> {
+    let t = nix::time::clock_gettime(id).ok()?;
+    Some(Duration::new(
+        u64::try_from(t.tv_sec()).ok()?,
+        u32::try_from(t.tv_nsec()).ok()?,
+    ))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    /// A soft-reboot keeps the kernel (so `CLOCK_BOOTTIME` goes on counting) but starts
+    /// userspace anew: the shutdown cordon the agent made just before it is from before this
+    /// boot, and is lifted once the gates pass (issue 41, defect 7).
+    #[test]
+    fn after_a_soft_reboot_the_shutdown_cordon_is_from_before_this_boot() {
+        use crate::agent::state::CordonView;
+        let now: jiff::Timestamp = "2026-06-01T12:00:00Z".parse().expect("ts");
+        let kernel_up = Duration::from_secs(5 * 24 * 3600);
+        // Userspace started again 60 s ago; the agent cordoned 90 s ago, for the soft-reboot.
+        let userspace = kernel_up - Duration::from_secs(60);
+        let cordoned = (now - jiff::SignedDuration::from_secs(90)).to_string();
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "annotations": {crate::drain::cordon::CORDONED_BY:
+                serde_json::json!({"reason": "shutdown", "at": cordoned, "shutdown": true}).to_string()}},
+            "spec": {"unschedulable": true}
+        }))
+        .expect("node");
+        let boot = super::this_boot(now, kernel_up, userspace);
+        assert_eq!(boot, Some(now - jiff::SignedDuration::from_secs(60)));
+        assert_eq!(
+            super::node::cordon_view(&node, boot, false),
+            CordonView::OursBeforeBoot
+        );
+        // The kernel's boot alone (what systemd does not say) reads it as this boot's.
+        assert_ne!(
+            super::node::cordon_view(
+                &node,
+                super::this_boot(now, kernel_up, Duration::ZERO),
+                false
+            ),
+            CordonView::OursBeforeBoot
+        );
+        assert!(
+            super::userspace_since_boot(Duration::from_secs(1))
+                .is_some_and(|d| d >= Duration::from_secs(1))
+        );
+    }
+
     #[test]
     fn boot_time_is_in_the_past_and_agrees_with_proc_stat() {
-        let boot = super::boot_time().expect("CLOCK_BOOTTIME");
+        let boot = super::boot_time(std::time::Duration::ZERO).expect("CLOCK_BOOTTIME");
         assert!(boot < jiff::Timestamp::now());
         let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
         let btime: i64 = stat
