@@ -119,6 +119,7 @@ fn snapshot(nodes: usize, running: usize, pending: usize, running_cpu: i64) -> S
             unneeded_since: None,
             scale_down_disabled: false,
             not_ready_in_time: false,
+            ever_ready: false,
             scale_down_failed: None,
         });
         snap.machines.push(MachineView {
