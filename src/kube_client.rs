@@ -81,6 +81,51 @@ pub async fn client_with_deadline(
     })
 }
 
+/// The files a client built from the kubeconfig at `path` reads: the kubeconfig itself and the
+/// client certificate and key its current context names by path (kubelet's `kubelet.conf`
+/// names `kubelet-client-current.pem`, which kubelet rotates). kube reads them only when the
+/// client is built, so a client must be built again when one of them changes. A kubeconfig
+/// that does not parse names just itself.
+pub fn credential_files(path: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = vec![path.to_path_buf()];
+    let Ok(kc) = Kubeconfig::read_from(path) else {
+        return files;
+    };
+    let user = kc
+        .current_context
+        .as_deref()
+        .and_then(|name| kc.contexts.iter().find(|c| c.name == name))
+        .and_then(|c| c.context.as_ref())
+        .and_then(|c| c.user.as_deref());
+    let auth = user
+        .and_then(|u| kc.auth_infos.iter().find(|a| a.name == u))
+        .and_then(|a| a.auth_info.as_ref());
+    let base = path.parent().unwrap_or_else(|| Path::new("/"));
+    for named in auth
+        .into_iter()
+        .flat_map(|a| [&a.client_certificate, &a.client_key])
+        .flatten()
+    {
+        let file = base.join(named);
+        if !files.contains(&file) {
+            files.push(file);
+        }
+    }
+    files
+}
+
+/// A fingerprint of what `files` hold now (a missing file counts as empty): changed when a
+/// certificate was rotated, whether written in place or swapped behind a symlink.
+pub fn fingerprint(files: &[std::path::PathBuf]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for f in files {
+        f.hash(&mut h);
+        std::fs::read(f).unwrap_or_default().hash(&mut h);
+    }
+    h.finish()
+}
+
 /// Failed requests to the API server by `verb` and `code` (the HTTP status of an answer of 400
 /// or more, or `none` when no answer came: refused, reset, past the deadline). A counter family,
 /// as the agent exports it (`nodeward_agent_api_errors_total`).

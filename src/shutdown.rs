@@ -62,6 +62,10 @@ pub enum AgentSays {
     /// The agent was draining for a shutdown and is gone: the shutdown is underway, and the
     /// drain is the unit's.
     Died,
+    /// The agent's drain ended because the API server refused its credentials (401): a
+    /// client certificate kubelet rotated after the agent built its client. The drain is the
+    /// unit's, whose client is built now.
+    Unauthorized,
     /// Nothing about a shutdown (no file, or an agent not in a shutdown).
     Nothing,
 }
@@ -70,7 +74,10 @@ pub enum AgentSays {
 pub fn agent_says(agent: Option<&Status>, alive: impl FnOnce(u32) -> bool) -> AgentSays {
     match agent {
         Some(st) if st.phase == Phase::Drained => {
-            AgentSays::Done(st.last_drain.as_ref().map(|d| d.outcome.clone()))
+            match st.last_drain.as_ref().map(|d| &d.outcome) {
+                Some(ShutdownOutcome::Unauthorized(_)) => AgentSays::Unauthorized,
+                outcome => AgentSays::Done(outcome.cloned()),
+            }
         }
         Some(st) if st.phase == Phase::Draining && alive(st.pid) => AgentSays::Draining,
         Some(st) if st.phase == Phase::Draining => AgentSays::Died,
@@ -123,6 +130,12 @@ pub async fn for_this_shutdown(settings: &crate::config::Settings) -> Option<Uni
         AgentSays::Done(_) | AgentSays::Cancelled => ShutdownKind::Unknown,
         AgentSays::Died => {
             warn!("the agent died while it drained for this shutdown; the drain is this unit's");
+            shutdown_kind(true).await?
+        }
+        AgentSays::Unauthorized => {
+            warn!(
+                "the API server refused the agent's credentials; the drain is this unit's, with a client built now"
+            );
             shutdown_kind(true).await?
         }
         AgentSays::Nothing | AgentSays::Draining => shutdown_kind(false).await?,
@@ -238,6 +251,37 @@ mod tests {
             };
             assert_eq!(got, want, "{st:?} running {running}");
         }
+    }
+
+    /// The agent's drain met a 401: its client held a certificate kubelet had rotated away. A
+    /// fresh client (this unit's own process) would work, so the drain is the unit's; any other
+    /// outcome stands (issue 41, defect 4).
+    #[test]
+    fn a_drain_the_api_server_refused_the_agents_credentials_for_is_the_units() {
+        let summary = |outcome| crate::agent::status::DrainSummary {
+            started_at: String::new(),
+            kind: ShutdownKind::PowerOff,
+            policy: ShutdownPolicy::Drain,
+            deadline_ms: 0,
+            outcome,
+            evicted: 0,
+            left_behind: Vec::new(),
+            refused: Vec::new(),
+            elapsed_ms: 0,
+        };
+        let mut st = status(7, Phase::Drained);
+        st.last_drain = Some(summary(ShutdownOutcome::Unauthorized("401".into())));
+        assert_eq!(agent_says(Some(&st), |_| false), AgentSays::Unauthorized);
+        st.last_drain = Some(summary(ShutdownOutcome::Failed("403".into())));
+        assert!(matches!(
+            agent_says(Some(&st), |_| false),
+            AgentSays::Done(Some(ShutdownOutcome::Failed(_)))
+        ));
+        let s = crate::config::Settings::default().shutdown;
+        assert!(matches!(
+            unit_action(&AgentSays::Unauthorized, ShutdownKind::PowerOff, &s),
+            UnitAction::Apply(ShutdownKind::PowerOff, _)
+        ));
     }
 
     #[test]

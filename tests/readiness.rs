@@ -413,6 +413,103 @@ async fn noderestriction_refuses_a_nodes_taint_change(cluster: Cluster) {
     cluster.remove_node(&other).await;
 }
 
+/// kubelet rotates its client certificate behind `kubelet-client-current.pem` (a new file, the
+/// symlink swapped), and `kubelet.conf` names that path. The agent's client read the file once:
+/// once the loaded certificate was no longer accepted every request was 401 until a restart.
+/// Here the agent starts on a certificate the API server refuses (as an expired one would be),
+/// then the symlink is swapped to a valid one, as kubelet does: the agent must report with it,
+/// without a restart (issue 41, defect 4).
+async fn rotated_client_certificate_is_read(cluster: Cluster) {
+    use base64::Engine;
+    let node = unique("rotated");
+    let admin = cluster.admin().await;
+    cluster.add_node(&node, &[], startup_taint()).await;
+    let issued: serde_norway::Value = serde_norway::from_str(
+        &std::fs::read_to_string(cluster.node_kubeconfig(&node)).expect("node kubeconfig"),
+    )
+    .expect("yaml");
+    let field = |path: &[&str]| -> String {
+        let mut v = &issued;
+        for p in path {
+            v = match p.parse::<usize>() {
+                Ok(i) => &v[i],
+                Err(_) => &v[*p],
+            };
+        }
+        v.as_str()
+            .unwrap_or_else(|| panic!("{path:?} in the kubeconfig"))
+            .to_string()
+    };
+    let b64 = |s: String| {
+        base64::engine::general_purpose::STANDARD
+            .decode(s.trim())
+            .expect("base64")
+    };
+    let cert = b64(field(&["users", "0", "user", "client-certificate-data"]));
+    let key = b64(field(&["users", "0", "user", "client-key-data"]));
+    let server = field(&["clusters", "0", "cluster", "server"]);
+    let ca = field(&["clusters", "0", "cluster", "certificate-authority-data"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = dir.path();
+    std::fs::write(pki.join("valid.pem"), [cert, key].concat()).expect("write");
+    // The refused one: same subject, signed by no CA the API server trusts.
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", &format!("/O=system:nodes/CN=system:node:{node}")])
+        .arg("-keyout")
+        .arg(pki.join("stale.key"))
+        .arg("-out")
+        .arg(pki.join("stale.crt"))
+        .output()
+        .expect("openssl (apt-get install openssl)");
+    assert!(made.status.success(), "{made:?}");
+    let stale = [
+        std::fs::read(pki.join("stale.crt")).expect("crt"),
+        std::fs::read(pki.join("stale.key")).expect("key"),
+    ]
+    .concat();
+    std::fs::write(pki.join("stale.pem"), stale).expect("write");
+    std::os::unix::fs::symlink("stale.pem", pki.join("current.pem")).expect("symlink");
+    let kubeconfig = pki.join("kubelet.conf");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    client-certificate: {dir}/current.pem\n    client-key: {dir}/current.pem\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+            dir = pki.display()
+        ),
+    )
+    .expect("kubeconfig");
+    let agent = spawn_agent(&node, &kubeconfig, "");
+    write_flannel(&agent);
+    agent.wait_for_log("Unauthorized", LIMIT);
+    let n: Node = Api::all(admin.clone()).get(&node).await.expect("node");
+    assert!(
+        nodeward::readiness::condition(&n).is_none(),
+        "the refused certificate wrote a condition: {:?}",
+        n.status
+    );
+    // kubelet's rotation: a new file, the symlink swapped in one rename.
+    let t0 = std::time::Instant::now();
+    std::os::unix::fs::symlink("valid.pem", pki.join("current.pem.tmp")).expect("symlink");
+    std::fs::rename(pki.join("current.pem.tmp"), pki.join("current.pem")).expect("rename");
+    wait_node(
+        &admin,
+        &node,
+        "the agent reports with the rotated certificate",
+        LIMIT,
+        |n| reports(n, "True"),
+    )
+    .await;
+    eprintln!(
+        "certificate rotated -> condition written: {:?}",
+        t0.elapsed()
+    );
+    drop(agent);
+    cluster.remove_node(&node).await;
+}
+
 /// SIGTERM while the API server does not answer (frozen, or partitioned away): the controller
 /// exits at once, its taint write in flight dropped (the write is guarded, and the next replica
 /// or start repeats it). It awaited that write before it looked at the signal again: on a real
@@ -470,4 +567,5 @@ both_backends! {
 
 real_only! {
     noderestriction_refuses_the_node_identity_its_taints => super::noderestriction_refuses_a_nodes_taint_change;
+    a_rotated_client_certificate_is_read_without_a_restart => super::rotated_client_certificate_is_read;
 }

@@ -9,6 +9,7 @@ impl ApiLink {
         Self {
             client,
             kubeconfig,
+            credentials: None,
             kubeconfig_state: None,
             kubeconfig_retry_at: None,
             kubeconfig_backoff: Backoff::new(KUBECONFIG_RETRY_MIN, KUBECONFIG_RETRY_MAX),
@@ -27,6 +28,10 @@ impl ApiLink {
             return;
         };
         let state = if path.exists() {
+            // Read before the client is built: a rotation while it is built changes the
+            // fingerprint, and the next file event builds it again.
+            let files = crate::kube_client::credential_files(&path);
+            let fingerprint = crate::kube_client::fingerprint(&files);
             match crate::kube_client::client_with_deadline(
                 Some(&path),
                 REQUEST_DEADLINE,
@@ -37,6 +42,7 @@ impl ApiLink {
                 Ok(c) => {
                     info!(kubeconfig = %path.display(), "kubeconfig loaded; watching the Node");
                     self.client = Some(c);
+                    self.credentials = Some((files, fingerprint));
                     self.kubeconfig_state = None;
                     self.kubeconfig_retry_at = None;
                     return;
@@ -62,6 +68,38 @@ impl ApiLink {
             }
             self.kubeconfig_state = Some(state);
         }
+    }
+
+    /// The files to watch for a new kubeconfig or new credentials: those the client was built
+    /// from, else the kubeconfig alone; none without a kubeconfig (a client given whole).
+    pub(super) fn credential_files(&self) -> Vec<PathBuf> {
+        match (&self.credentials, &self.kubeconfig) {
+            (Some((files, _)), _) => files.clone(),
+            (None, Some(path)) => vec![path.clone()],
+            (None, None) => Vec::new(),
+        }
+    }
+
+    /// Whether the client must be built again: none yet, or the files it was built from hold
+    /// something else now (kubelet rotated its client certificate).
+    pub(super) fn credentials_changed(&self) -> bool {
+        match &self.credentials {
+            Some((files, fingerprint)) => crate::kube_client::fingerprint(files) != *fingerprint,
+            None => true,
+        }
+    }
+
+    /// The API server refused the client's credentials (401): build the client again from the
+    /// files, after the kubeconfig backoff (a certificate that expired before kubelet rotated
+    /// it works again as soon as the new one is read; one that nothing renews is tried at most
+    /// every [`KUBECONFIG_RETRY_MAX`]).
+    pub(super) fn unauthorized(&mut self) {
+        if self.kubeconfig.is_none() || self.kubeconfig_retry_at.is_some() {
+            return;
+        }
+        let wait = self.kubeconfig_backoff.failed();
+        warn!(retry_in = ?wait, "the API server refused the client's credentials (401); building the client again from the kubeconfig");
+        self.kubeconfig_retry_at = Some(Instant::now() + wait);
     }
 
     /// What keeps the agent from the API server, as its status line says it: the kubeconfig
@@ -104,6 +142,7 @@ impl ApiLink {
     /// An answer from the API server.
     pub(super) fn answered(&mut self, node: &str) {
         self.error = None;
+        self.kubeconfig_backoff.reset();
         if self.error_log.clear() {
             info!(node = %node, "API server answering again");
         }

@@ -7,7 +7,7 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher;
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tracing::{info, warn};
 
@@ -27,8 +27,10 @@ pub(super) struct Sources {
     /// The gate files (inotify) and their wake-ups.
     files: FileWatcher,
     file_rx: UnboundedReceiver<()>,
-    /// The kubeconfig, watched like a gate file until it loads (then `None`).
+    /// The kubeconfig, watched like a gate file until it loads, then with the credential files
+    /// the client was built from (kubelet rotates its client certificate).
     kc_files: Option<FileWatcher>,
+    kc_tx: UnboundedSender<()>,
     kc_rx: UnboundedReceiver<()>,
     access_check: Option<AccessFuture>,
     access_retry_at: Option<Instant>,
@@ -63,6 +65,17 @@ fn signal_stream(kind: SignalKind, name: &'static str) -> Result<Signal, Error> 
     })
 }
 
+/// Whether a watch failed because the API server refused the client's credentials.
+fn unauthorized(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 401,
+        watcher::Error::WatchError(s) => s.code == 401,
+        _ => false,
+    }
+}
+
 /// The value of an optional future, or never when there is none.
 async fn future_or_pending<F: std::future::Future + Unpin>(f: &mut Option<F>) -> F::Output {
     match f.as_mut() {
@@ -85,7 +98,7 @@ impl Agent {
         self.known.facts.files = files.read_all();
         let (kc_tx, kc_rx) = unbounded_channel();
         let kc_files = match (&self.api.client, &self.api.kubeconfig) {
-            (None, Some(path)) => Some(FileWatcher::new(vec![path.clone()], kc_tx)?),
+            (None, Some(path)) => Some(FileWatcher::new(vec![path.clone()], kc_tx.clone())?),
             _ => None,
         };
         if self.api.client.is_none() {
@@ -100,6 +113,7 @@ impl Agent {
             files,
             file_rx,
             kc_files,
+            kc_tx,
             kc_rx,
             access_check: None,
             access_retry_at: None,
@@ -150,7 +164,7 @@ impl Agent {
                 ev = next_or_pending(&mut src.logind_events) => self.on_logind_event(ev, &mut src).await,
                 Some(()) = src.file_rx.recv() => self.on_gate_files(&mut src).await?,
                 Some(()) = src.kc_rx.recv(), if src.kc_files.is_some() => self.on_kubeconfig_written(&mut src).await?,
-                _ = sleep_until_opt(self.api.kubeconfig_retry_at), if src.kc_files.is_some() => {
+                _ = sleep_until_opt(self.api.kubeconfig_retry_at), if self.api.kubeconfig.is_some() => {
                     self.api.load_kubeconfig(&self.report.metrics.api_errors).await;
                     self.connect_api(&mut src);
                 }
@@ -193,13 +207,21 @@ impl Agent {
         Ok(())
     }
 
-    /// Once there is a client: the drain-access check and the watches of the own Node and pods,
-    /// which replace the kubeconfig's file watch.
+    /// Once there is a client (a new one after its credentials changed): the drain-access
+    /// check and the watches of the own Node and pods, and the watch of the files it was built
+    /// from in place of the kubeconfig's.
     fn connect_api(&mut self, src: &mut Sources) {
         let Some(c) = self.api.client.clone() else {
             return;
         };
-        src.kc_files = None;
+        let files = self.api.credential_files();
+        src.kc_files = match FileWatcher::new(files, src.kc_tx.clone()) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                warn!(error = %e, "cannot watch the kubeconfig's credential files; a rotated certificate is read after the API server refuses the old one");
+                None
+            }
+        };
         src.access_check = Some(self.check_access(&c));
         let (nodes, pods) = self.watches(&c);
         (src.node_events, src.pod_events) = (Some(nodes), Some(pods));
@@ -245,11 +267,18 @@ impl Agent {
         Ok(())
     }
 
-    /// The kubeconfig's directory changed: try it now, with the backoff reset.
+    /// The kubeconfig's directory, or its credentials', changed: when there is no client yet
+    /// or they hold something new, build it now, with the backoff reset.
     async fn on_kubeconfig_written(&mut self, src: &mut Sources) -> Result<(), Error> {
         while src.kc_rx.try_recv().is_ok() {}
         if let Some(w) = src.kc_files.as_mut() {
             w.rearm()?;
+        }
+        if self.api.client.is_some() && !self.api.credentials_changed() {
+            return Ok(());
+        }
+        if self.api.client.is_some() {
+            info!(node = %self.node, "the kubeconfig or its client certificate changed; building the client again");
         }
         self.api.kubeconfig_backoff.reset();
         self.api
@@ -268,6 +297,9 @@ impl Agent {
             Err(e) => {
                 self.known.node_watch.abandon_relist();
                 self.api.failed(&self.node, "node watch", &e.to_string());
+                if unauthorized(&e) {
+                    self.api.unauthorized();
+                }
             }
         }
         self.reconcile().await;
@@ -282,6 +314,9 @@ impl Agent {
             Err(e) => {
                 self.known.pods.abandon_relist();
                 self.api.failed(&self.node, "pod watch", &e.to_string());
+                if unauthorized(&e) {
+                    self.api.unauthorized();
+                }
             }
         }
         self.reconcile().await;

@@ -316,8 +316,12 @@ struct ShutdownStart {
 struct ApiLink {
     /// `None` until the kubeconfig loads.
     client: Option<kube::Client>,
-    /// The kubeconfig to wait for while `client` is `None`.
+    /// The kubeconfig to wait for while `client` is `None`, and to build the client from again
+    /// when its credentials change.
     kubeconfig: Option<PathBuf>,
+    /// The files the client was built from and their fingerprint then
+    /// ([`crate::kube_client::credential_files`]): a rotated client certificate changes it.
+    credentials: Option<(Vec<PathBuf>, u64)>,
     /// Why the kubeconfig gave no client yet (`None` before the first try and once it did):
     /// logged when it changes, not at every try.
     kubeconfig_state: Option<KubeconfigState>,

@@ -256,6 +256,10 @@ where
             Ok(Err(e)) if e.is_retryable() => {
                 return Err(ShutdownOutcome::DeadlineExceeded(Some(e.to_string())));
             }
+            Ok(Err(e)) if e.is_unauthorized() => {
+                warn!(node, error = %e, "{what} failed: the API server refused the agent's credentials; the drain unit drains with a client of its own");
+                return Err(ShutdownOutcome::Unauthorized(e.to_string()));
+            }
             Ok(Err(e)) => {
                 warn!(node, error = %e, "{what} failed; trying again would not help");
                 return Err(ShutdownOutcome::Failed(e.to_string()));

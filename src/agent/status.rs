@@ -79,6 +79,9 @@ pub enum ShutdownOutcome {
     NoKubeconfig,
     /// An error that trying again would not change (a missing permission, say).
     Failed(String),
+    /// The API server refused the agent's credentials (401): a client built from the files
+    /// now may work, so the drain unit drains ([`crate::shutdown::AgentSays::Unauthorized`]).
+    Unauthorized(String),
 }
 
 impl From<crate::drain::DrainOutcome> for ShutdownOutcome {
@@ -105,6 +108,10 @@ impl std::fmt::Display for ShutdownOutcome {
                 f.write_str("nothing to drain: no kubeconfig yet (the node has not joined)")
             }
             Self::Failed(e) => write!(f, "failed: {e}"),
+            Self::Unauthorized(e) => write!(
+                f,
+                "failed: the API server refused the agent's credentials ({e}); the drain unit drains"
+            ),
         }
     }
 }

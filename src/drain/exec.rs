@@ -115,6 +115,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the API server refused the client's credentials (401): a client built again
+    /// from the kubeconfig's files may be accepted (kubelet rotated its certificate).
+    pub fn is_unauthorized(&self) -> bool {
+        matches!(self, Self::Api { source: kube::Error::Api(s), .. } if s.code == 401)
+    }
+
     /// Whether trying again can help: an unreachable or overloaded API server, a conflict, pods
     /// not listed yet. A missing node or permission, or a cordon that is not ours, stays so.
     pub fn is_retryable(&self) -> bool {
