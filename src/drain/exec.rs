@@ -1093,14 +1093,13 @@ impl<'a> Drain<'a> {
                     .boxed(),
                 );
             }
-            Command::Delete { pod, grace } => {
-                let grace = u32::try_from(grace.as_secs()).unwrap_or(u32::MAX);
-                error!(pod = %pod, grace_seconds = grace, "deadline near: deleting pod past its disruption budget (drain.on_deadline = delete)");
+            Command::Delete { pod, grace_seconds } => {
+                error!(pod = %pod, grace_seconds, "deadline near: deleting pod past its disruption budget (drain.on_deadline = delete)");
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
                 inflight.push(
                     async move {
                         let params = DeleteParams {
-                            grace_period_seconds: Some(grace),
+                            grace_period_seconds: Some(grace_seconds),
                             preconditions: Some(uid_precondition(&pod)),
                             ..DeleteParams::default()
                         };

@@ -528,6 +528,24 @@ pub fn fallback_margin(total: Duration) -> Duration {
     (total / 10).clamp(Duration::from_secs(1), Duration::from_secs(15))
 }
 
+/// The least grace period the `delete` fallback gives a pod, in seconds: the API server takes
+/// `gracePeriodSeconds: 0` as an immediate forced removal (the object goes before the containers
+/// are stopped), which a drain never asks for.
+pub const MIN_FALLBACK_GRACE_SECONDS: u32 = 1;
+
+/// The grace period of a `delete` fallback's deletion with `left` until the deadline, in the
+/// whole seconds the API takes: rounded up, so a pod never gets less than the time left, and at
+/// least [`MIN_FALLBACK_GRACE_SECONDS`], so a deletion near (or past) the deadline may outlast it
+/// by up to that second.
+pub fn fallback_grace(left: Duration) -> u32 {
+    let whole = left
+        .as_secs()
+        .saturating_add(u64::from(left.subsec_nanos() > 0));
+    u32::try_from(whole)
+        .unwrap_or(u32::MAX)
+        .max(MIN_FALLBACK_GRACE_SECONDS)
+}
+
 /// Whether a label selector selects a set of labels: the scaler's matcher
 /// ([`crate::selector::SelectorView::selects`]), so the two never disagree on which pods a budget
 /// covers. An empty selector selects everything, as in policy/v1.

@@ -177,15 +177,27 @@ impl Tracked {
         )
     }
 
+    /// Whether the `delete` fallback may delete it: it is still there and not leaving, an
+    /// eviction of it was tried (the fallback is for pods their budget keeps, never a way around
+    /// the Eviction API), none is unanswered (if one went through, a deletion now would be
+    /// reported as bypassing its budget when it did not), and no deletion was sent before.
+    fn deletable(&self) -> bool {
+        !self.settled()
+            && self.state != PodState::Leaving
+            && self.attempts > 0
+            && self.outstanding == 0
+            && !self.fallback_sent
+    }
+
     /// The `delete` fallback's deletion of the pod, now in flight (sent once per pod).
-    fn fallback_delete(&mut self, grace: Duration) -> Command {
+    fn fallback_delete(&mut self, grace_seconds: u32) -> Command {
         self.state = PodState::InFlight;
         self.evicting_under.clear();
         self.fallback_sent = true;
         self.outstanding += 1;
         Command::Delete {
             pod: self.pod.clone(),
-            grace,
+            grace_seconds,
         }
     }
 
@@ -205,8 +217,8 @@ pub enum Command {
     Delete {
         /// The pod.
         pod: PodRef,
-        /// Its grace period: the time left before the deadline.
-        grace: Duration,
+        /// Its grace period: the time left before the deadline ([`plan::fallback_grace`]).
+        grace_seconds: u32,
     },
     /// A wave ended; `settled` is false when its share of the deadline ran out first.
     WaveEnded {
@@ -479,25 +491,27 @@ impl Schedule {
         }
     }
 
-    /// `on_deadline = delete` near the deadline: every pod still there is deleted, once.
+    /// `on_deadline = delete` near the deadline: every pod still there is deleted, once, after
+    /// an eviction of it was tried (from now on the pods of every wave are evicted, so a pod
+    /// whose wave has not begun is tried first too).
     fn fallback(&mut self, now: Instant, commands: &mut Vec<Command>) {
         if self.limits.on_deadline != OnDeadline::Delete || now < self.fallback_at {
             return;
         }
         self.fallback_started = true;
-        let grace = self.deadline.saturating_duration_since(now);
-        for t in self.pods.values_mut() {
-            // A pod whose eviction is still unanswered waits for the answer: if the eviction
-            // went through, a deletion now would be reported as bypassing its budget when it
-            // did not.
-            if !t.settled()
-                && t.state != PodState::Leaving
-                && t.outstanding == 0
-                && !t.fallback_sent
-            {
-                commands.push(t.fallback_delete(grace));
-                self.in_flight += 1;
-            }
+        let grace = plan::fallback_grace(self.deadline.saturating_duration_since(now));
+        for t in self.pods.values_mut().filter(|t| t.deletable()) {
+            commands.push(t.fallback_delete(grace));
+            self.in_flight += 1;
+        }
+    }
+
+    /// The last wave whose pods are evicted now: every wave once the `delete` fallback started.
+    fn open_wave(&self) -> usize {
+        if self.fallback_started {
+            usize::MAX
+        } else {
+            self.wave
         }
     }
 
@@ -505,11 +519,12 @@ impl Schedule {
     fn evict(&mut self, now: Instant, budgets: &dyn Budgets, commands: &mut Vec<Command>) {
         // One eviction in flight per budget (see Budgets::of).
         let mut busy = self.busy_budgets();
+        let open_wave = self.open_wave();
         for t in self.pods.values_mut() {
             if self.in_flight >= self.limits.concurrency {
                 break;
             }
-            if t.wave <= self.wave && retry_at(t, now, budgets).is_some_and(|at| now >= at) {
+            if t.wave <= open_wave && retry_at(t, now, budgets).is_some_and(|at| now >= at) {
                 if let Some(replica_set) = t.surge.take() {
                     // Half the time left: the eviction keeps the other half if no replacement
                     // comes.
@@ -586,7 +601,7 @@ impl Schedule {
             if let Some(t) = self
                 .pods
                 .values()
-                .filter(|t| t.wave <= self.wave)
+                .filter(|t| t.wave <= self.open_wave())
                 .filter_map(due)
                 .min()
             {
@@ -621,14 +636,14 @@ impl Schedule {
     /// now, not at the node's deadline: deleted under `delete` (with the time left to the node's
     /// deadline as grace), given up under `abandon`; `wait` waits on.
     fn own_deadlines(&mut self, now: Instant, commands: &mut Vec<Command>) {
-        let grace = self.deadline.saturating_duration_since(now);
+        let grace = plan::fallback_grace(self.deadline.saturating_duration_since(now));
         for t in self.pods.values_mut() {
             let due = t.own_deadline().is_some_and(|d| now >= d);
             if !due || t.settled() || t.state == PodState::Leaving || t.outstanding > 0 {
                 continue;
             }
             match self.limits.on_deadline {
-                OnDeadline::Delete if !t.fallback_sent => {
+                OnDeadline::Delete if t.deletable() => {
                     commands.push(t.fallback_delete(grace));
                     self.in_flight += 1;
                 }

@@ -513,3 +513,21 @@ fn a_pod_has_left_its_node_once_stopped_unless_something_waits_for_its_object() 
         "a claim's pod waits for its object"
     );
 }
+
+#[test]
+fn the_fallbacks_grace_is_whole_seconds_rounded_up_and_never_zero() {
+    let ms = Duration::from_millis;
+    let cases: [(Duration, u32); 8] = [
+        (Duration::ZERO, 1),
+        (ms(1), 1),
+        (ms(999), 1),
+        (ms(1000), 1),
+        (ms(1001), 2),
+        (ms(7000), 7),
+        (Duration::from_secs(u64::from(u32::MAX) + 1), u32::MAX),
+        (Duration::MAX, u32::MAX),
+    ];
+    for (left, want) in cases {
+        assert_eq!(fallback_grace(left), want, "{left:?} left");
+    }
+}
