@@ -28,6 +28,16 @@ pub const RETRY_BASE: Duration = Duration::from_millis(100);
 /// Backoff cap for server errors, so a recovered API server is noticed within seconds; also how
 /// often a drain that waits past its deadline (`on_deadline = wait`) looks again.
 pub const RETRY_CAP: Duration = Duration::from_secs(5);
+/// The longest wait [`later`] adds: thirty years (tokio's own stand-in for "never"), beyond any
+/// drain's deadline and far from where an `Instant` overflows.
+const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+
+/// `at + by` without the panic of `Instant + Duration` on overflow: a wait longer than
+/// [`FAR_FUTURE`] (only a bug's or a hostile value's could be) is taken as that long, which no
+/// drain outlives; every instant the drain computes goes through here.
+pub fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by.min(FAR_FUTURE)).unwrap_or(at)
+}
 
 /// How a drain ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,7 +213,7 @@ impl Tracked {
 
     /// When its own wait for its budget ends, if it has one and a budget has refused it.
     fn own_deadline(&self) -> Option<Instant> {
-        Some(self.first_blocked? + self.budget_wait?)
+        Some(later(self.first_blocked?, self.budget_wait?))
     }
 }
 
@@ -313,12 +323,12 @@ impl Schedule {
     pub fn new(limits: Limits, plan: PlanOptions, started: Instant) -> Self {
         let wave_ends = plan::wave_deadlines(limits.timeout, &plan.waves)
             .into_iter()
-            .map(|d| started + d)
+            .map(|d| later(started, d))
             .collect();
-        let deadline = started + limits.timeout;
+        let margin = plan::fallback_margin(limits.timeout);
         Self {
-            fallback_at: deadline - plan::fallback_margin(limits.timeout),
-            deadline,
+            fallback_at: later(started, limits.timeout.saturating_sub(margin)),
+            deadline: later(started, limits.timeout),
             wave_ends,
             wave: 0,
             pods: BTreeMap::new(),
@@ -528,7 +538,7 @@ impl Schedule {
                 if let Some(replica_set) = t.surge.take() {
                     // Half the time left: the eviction keeps the other half if no replacement
                     // comes.
-                    let until = now + self.deadline.saturating_duration_since(now) / 2;
+                    let until = later(now, self.deadline.saturating_duration_since(now) / 2);
                     t.state = PodState::Surging { since: now, until };
                     commands.push(Command::Surge {
                         pod: t.pod.clone(),
@@ -567,7 +577,11 @@ impl Schedule {
     /// fallback, the wave's end, a pod's own deadline or its next retry, whichever comes first.
     fn wake(&self, now: Instant, budgets: &dyn Budgets) -> Instant {
         let wait = self.limits.on_deadline == OnDeadline::Wait;
-        let mut wake = if wait { now + RETRY_CAP } else { self.deadline };
+        let mut wake = if wait {
+            later(now, RETRY_CAP)
+        } else {
+            self.deadline
+        };
         if self.limits.on_deadline == OnDeadline::Delete && !self.fallback_started {
             wake = wake.min(self.fallback_at);
         }
@@ -701,7 +715,7 @@ impl Schedule {
                 }
             }
             Outcome::Retry => PodState::Backoff {
-                until: now + backoff(t.attempts),
+                until: later(now, backoff(t.attempts)),
             },
             Outcome::MultipleBudgets => PodState::Refused(Refusal::MultipleBudgets(matching)),
             Outcome::Rejected => PodState::Refused(Refusal::Rejected {
@@ -785,9 +799,9 @@ fn retry_at(t: &Tracked, now: Instant, budgets: &dyn Budgets) -> Option<Instant>
         PodState::Pending => Some(now),
         PodState::Backoff { until } => Some(*until),
         PodState::Blocked { since, .. } => Some(if budgets.open(t) {
-            *since + BUDGET_RETRY_FLOOR
+            later(*since, BUDGET_RETRY_FLOOR)
         } else {
-            *since + BUDGET_RETRY_CEILING
+            later(*since, BUDGET_RETRY_CEILING)
         }),
         _ => None,
     }

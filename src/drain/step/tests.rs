@@ -568,6 +568,33 @@ fn a_drain_timeout_that_is_not_a_duration_is_said_once_and_ignored() {
     assert_eq!(s.get("typo").and_then(|t| t.budget_wait), None);
 }
 
+/// A value that parses as a duration but overflows an `Instant` (about 9.5e18 s): once its
+/// budget refused the pod, the step added it to the refusal's instant and panicked.
+#[test]
+fn a_drain_timeout_beyond_any_deadline_is_said_and_ignored_without_a_panic() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Delete, 10, t0);
+    s.track(&annotated("huge", "300000000000y"), &no_daemonsets);
+    assert_eq!(evicted(&run(&mut s, t0, Duration::ZERO, &closed)), ["huge"]);
+    blocked_at(&mut s, "huge", t0 + Duration::from_secs(1));
+    let after = run(&mut s, t0, Duration::from_secs(2), &closed);
+    assert_eq!(
+        wake(&after, t0),
+        Duration::from_secs(1) + BUDGET_RETRY_CEILING,
+        "waits for its budget as a pod without the annotation"
+    );
+    let notes = s.take_notes();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("ns/huge")
+            && notes[0].contains("nodeward.io/drain-timeout")
+            && notes[0].contains("from 0s to 7days"),
+        "{}",
+        notes[0]
+    );
+    assert_eq!(s.get("huge").and_then(|t| t.budget_wait), None);
+}
+
 /// The deletions of a delete fallback, with their grace.
 fn deletions(step: &Step) -> Vec<(String, u32)> {
     commands(step)
@@ -776,4 +803,13 @@ fn one_eviction_in_flight_per_budget() {
     );
     let after = s.step(t0 + 6 * MS, &TwoBudgets);
     assert_eq!(evicted(&after), ["b2"], "a refusal frees the budget too");
+}
+
+#[test]
+fn later_adds_and_saturates_instead_of_panicking() {
+    let t0 = Instant::now();
+    let second = Duration::from_secs(1);
+    assert_eq!(later(t0, second), t0 + second);
+    assert_eq!(later(t0, Duration::MAX), t0 + FAR_FUTURE);
+    assert!(later(t0, Duration::MAX) > later(t0, plan::MAX_BUDGET_WAIT));
 }
