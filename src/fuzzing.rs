@@ -19,6 +19,7 @@ pub const TARGETS: &[&str] = &[
     "taint",
     "cherry_response",
     "exec_output",
+    "drain_timeout",
 ];
 
 /// Runs target `name` on `data`; `false` for an unknown name.
@@ -32,6 +33,7 @@ pub fn run(name: &str, data: &[u8]) -> bool {
         "taint" => taint,
         "cherry_response" => cherry_response,
         "exec_output" => exec_output,
+        "drain_timeout" => drain_timeout,
         _ => return false,
     };
     f(data);
@@ -207,5 +209,70 @@ pub fn cherry_response(data: &[u8]) {
 pub fn exec_output(data: &[u8]) {
     if let Err(e) = crate::scaler::provider::exec::decode_list(&text(data)) {
         assert!(e.to_string().contains("exec"), "{e}");
+    }
+}
+
+/// A pod's `nodeward.io/drain-timeout` annotation, as any tenant may write it: read as a wait
+/// within [`MAX_BUDGET_WAIT`](crate::drain::plan::MAX_BUDGET_WAIT) or refused naming the pod and
+/// the annotation; then a drain of the pod, whose budget refuses every eviction, stepped from its
+/// start to past its deadline under each deadline policy, never panics.
+pub fn drain_timeout(data: &[u8]) {
+    use crate::config::OnDeadline;
+    use crate::drain::plan::{self, Answer, Cause, DRAIN_TIMEOUT_ANNOTATION, PlanOptions};
+    use crate::drain::step::{Limits, Schedule, Tracked, later};
+    let value = text(data);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "fuzz", "uid": "p",
+            "annotations": {DRAIN_TIMEOUT_ANNOTATION: value},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                "uid": "r", "controller": true}]},
+        "spec": {"containers": [{"name": "c"}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap_or_default();
+    match plan::budget_wait(&pod) {
+        Ok(wait) => assert!(
+            wait.is_some_and(|w| w <= plan::MAX_BUDGET_WAIT),
+            "{value:?} read as {wait:?}"
+        ),
+        Err(e) => assert!(
+            e.contains("fuzz/p") && e.contains(DRAIN_TIMEOUT_ANNOTATION),
+            "the error names no pod or annotation: {e}"
+        ),
+    }
+    let refused = Answer {
+        code: 429,
+        cause: Cause::DisruptionBudget,
+        matching_budgets: 1,
+        message: String::new(),
+    };
+    let timeout = Duration::from_secs(90);
+    let plan = PlanOptions {
+        force: false,
+        delete_emptydir_data: false,
+        waves: crate::config::Settings::default().drain.waves,
+        surge: false,
+    };
+    for on_deadline in [OnDeadline::Abandon, OnDeadline::Delete, OnDeadline::Wait] {
+        let limits = Limits {
+            concurrency: 1,
+            timeout,
+            on_deadline,
+        };
+        let started = tokio::time::Instant::now();
+        let mut schedule = Schedule::new(limits, plan.clone(), started);
+        schedule.track(&pod, &|_, _| false);
+        let _ = schedule.take_notes();
+        for at in [
+            Duration::ZERO,
+            Duration::from_secs(1),
+            timeout / 2,
+            timeout,
+            timeout * 2,
+        ] {
+            let now = later(started, at);
+            let _ = schedule.step(now, &|_: &Tracked| false);
+            let _ = schedule.evict_answered("p", &refused, vec!["fuzz/pdb".into()], now);
+        }
     }
 }

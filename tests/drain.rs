@@ -582,6 +582,41 @@ async fn deadline_delete_removes_pods_past_their_budget() {
     assert!(pods_on(&emu, NODE).is_empty());
 }
 
+/// A deadline inside the fallback's 1 s margin (the agent's retry after an API outage, a short
+/// InhibitDelayMaxSec): the pod is still tried with an eviction first, and the fallback's
+/// deletion leaves it at least a second of grace, never the 0 s of a forced removal.
+#[tokio::test]
+async fn deadline_delete_under_a_second_evicts_first_and_never_forces() {
+    // Real-time grace periods, so the deletion's grace can be read on the terminating pod.
+    let emu = Emulator::start(EmulatorOptions {
+        grace_scale: 1.0,
+        ..EmulatorOptions::default()
+    })
+    .await
+    .expect("emulator starts");
+    emu.seed_node(NODE).expect("node");
+    emu.seed_pod(web("web-0")).expect("pod");
+    pdb(&emu, "web", "web", json!({"minAvailable": "100%"}));
+    let mut o = options(Duration::from_millis(500));
+    o.on_deadline = OnDeadline::Delete;
+    let report = drain::drain(&client(&emu).await, NODE, &o)
+        .await
+        .expect("drain");
+    assert!(
+        emu.evictions().iter().any(|e| e.pod == "web-0"),
+        "deleted without an eviction tried: {report}"
+    );
+    assert_eq!(report.force_deleted.len(), 1, "{report}");
+    let pod = emu
+        .get("pods", Some("default"), "web-0")
+        .expect("the pod is terminating, not removed at once");
+    assert_eq!(
+        pod.pointer("/metadata/deletionGracePeriodSeconds"),
+        Some(&json!(1)),
+        "{pod}"
+    );
+}
+
 #[tokio::test]
 async fn deadline_wait_keeps_going_until_the_budget_opens() {
     let emu = emulator().await;

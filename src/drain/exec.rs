@@ -33,7 +33,9 @@ use super::explain;
 use super::narrate::Narrator;
 use super::plan::{self, Answer, Cause, Outcome, Plan, PlanOptions, PodRef};
 pub use super::step::DrainOutcome;
-use super::step::{Command, Deleted, Limits, PodState, Refusal, Schedule, Step, Tracked, Verdict};
+use super::step::{
+    Command, Deleted, Limits, PodState, Refusal, Schedule, Step, Tracked, Verdict, later,
+};
 use super::surging::{self, Surges};
 use crate::config::OnDeadline;
 use crate::node_write::{self, NodeWrite, WriteError};
@@ -660,7 +662,7 @@ impl Watches<'_> {
     /// already go one per budget (see `step::Budgets::of`). Never needed for safety (the API
     /// server enforces every budget), so never longer than [`BUDGET_LIST_GRACE`].
     async fn budgets_listed(&mut self, node: &str, deadline: Instant) -> Result<()> {
-        let until = deadline.min(Instant::now() + BUDGET_LIST_GRACE);
+        let until = deadline.min(later(Instant::now(), BUDGET_LIST_GRACE));
         while !self.budgets.synced() {
             tokio::select! {
                 Some(ev) = self.pdb_events.next() => match ev {
@@ -722,7 +724,7 @@ impl<'a> Drain<'a> {
 
     async fn run(mut self) -> Result<DrainReport> {
         let started = Instant::now();
-        let deadline = started + self.opts.timeout;
+        let deadline = later(started, self.opts.timeout);
         self.cordon_first(deadline).await?;
         let _running = self.opts.metrics.as_deref().map(|m| m.started());
         let mut w = Watches::start(self.client, self.node);
@@ -977,7 +979,7 @@ impl<'a> Drain<'a> {
                 waiting = true;
             }
         }
-        waiting.then_some(now + NODE_POLL)
+        waiting.then(|| later(now, NODE_POLL))
     }
 
     /// `pod` left the node: its object deleted, or its containers stopped ([`plan::left_node`]).
@@ -1099,14 +1101,13 @@ impl<'a> Drain<'a> {
                     .boxed(),
                 );
             }
-            Command::Delete { pod, grace } => {
-                let grace = u32::try_from(grace.as_secs()).unwrap_or(u32::MAX);
-                error!(pod = %pod, grace_seconds = grace, "deadline near: deleting pod past its disruption budget (drain.on_deadline = delete)");
+            Command::Delete { pod, grace_seconds } => {
+                error!(pod = %pod, grace_seconds, "deadline near: deleting pod past its disruption budget (drain.on_deadline = delete)");
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
                 inflight.push(
                     async move {
                         let params = DeleteParams {
-                            grace_period_seconds: Some(grace),
+                            grace_period_seconds: Some(grace_seconds),
                             preconditions: Some(uid_precondition(&pod)),
                             ..DeleteParams::default()
                         };

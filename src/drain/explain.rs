@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::NodeCondition;
 use tokio::time::Instant;
 
 use super::plan::PodRef;
-use super::step::{DrainOutcome, PodState, Tracked};
+use super::step::{DrainOutcome, PodState, Tracked, later};
 
 /// The Node condition a drain keeps: `True` while it runs, `False` with the outcome after.
 pub const CONDITION_TYPE: &str = "nodeward.io/Draining";
@@ -363,8 +363,8 @@ pub fn outcome_reason(outcome: DrainOutcome) -> &'static str {
 pub fn write_at(last: Option<Instant>, changed: bool) -> Option<Instant> {
     match last {
         None => None,
-        Some(at) if changed => Some(at + MIN_WRITE_GAP),
-        Some(at) => Some(at + REFRESH),
+        Some(at) if changed => Some(later(at, MIN_WRITE_GAP)),
+        Some(at) => Some(later(at, REFRESH)),
     }
 }
 

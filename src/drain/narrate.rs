@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::explain::{self, CONDITION_TYPE, Explanation};
 use super::plan::PodRef;
-use super::step::DrainOutcome;
+use super::step::{DrainOutcome, later};
 use crate::node_write::{self, ConditionPatch};
 
 /// How long the drain's end waits for its final condition write (the shutdown path releases
@@ -71,7 +71,7 @@ impl Narrator {
         }
         if self.writing.as_ref().is_some_and(|h| !h.is_finished()) {
             // The API server is slow: one write at a time, the newest when this one is done.
-            return now + explain::MIN_WRITE_GAP;
+            return later(now, explain::MIN_WRITE_GAP);
         }
         let (client, node, since, warned) = (
             self.client.clone(),
@@ -91,7 +91,7 @@ impl Narrator {
             write(&client, &node, true, reason, &message, &since, &warned).await;
         }));
         self.last = Some((now, e.clone()));
-        now + explain::REFRESH
+        later(now, explain::REFRESH)
     }
 
     /// Says once, on the pod, which budget blocks its eviction; not before the drain knows

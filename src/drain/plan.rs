@@ -192,9 +192,16 @@ impl PlanOptions {
     }
 }
 
+/// The longest `nodeward.io/drain-timeout` honoured: a week, the longest deadline any drain has
+/// (`drain.timeout` and `--timeout` stop there), inside which a pod's own wait ends, so a longer
+/// one could never apply; and far below what overflows an `Instant` it is added to.
+pub const MAX_BUDGET_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// How long the drain waits for the pod's budget before its deadline policy applies to the pod
-/// ([`DRAIN_TIMEOUT_ANNOTATION`]); an annotation that is not a duration is an error naming the
-/// pod and the expected form (the drain then ignores it).
+/// ([`DRAIN_TIMEOUT_ANNOTATION`]), from 0 s to [`MAX_BUDGET_WAIT`]. A value that is not a
+/// duration, or is out of that range, is an error naming the pod, the annotation and what is
+/// expected: the drain ignores it (the pod waits for its budget until the node's deadline, as one
+/// without the annotation) and says so.
 pub fn budget_wait(pod: &Pod) -> Result<Option<Duration>, String> {
     let Some(v) = pod
         .metadata
@@ -204,14 +211,25 @@ pub fn budget_wait(pod: &Pod) -> Result<Option<Duration>, String> {
     else {
         return Ok(None);
     };
-    humantime::parse_duration(v.trim()).map(Some).map_err(|e| {
+    let said = |why: String| {
         format!(
-            "pod {}: annotation {DRAIN_TIMEOUT_ANNOTATION}={v:?} is not a duration ({e}); expected \
-             a form such as \"90s\" or \"5m\"; ignored: the pod waits for its budget until the \
-             node's deadline",
+            "pod {}: annotation {DRAIN_TIMEOUT_ANNOTATION}={v:?} {why}; ignored: the pod waits \
+             for its budget until the node's deadline",
             PodRef::of(pod)
         )
-    })
+    };
+    let wait = humantime::parse_duration(v.trim()).map_err(|e| {
+        said(format!(
+            "is not a duration ({e}); expected a form such as \"90s\" or \"5m\""
+        ))
+    })?;
+    if wait > MAX_BUDGET_WAIT {
+        return Err(said(format!(
+            "is out of range: expected from 0s to {} (no drain's deadline is longer)",
+            humantime::format_duration(MAX_BUDGET_WAIT)
+        )));
+    }
+    Ok(Some(wait))
 }
 
 /// The effective priority: `spec.priority`, or for the two system classes their value when the
@@ -526,6 +544,24 @@ pub fn wave_deadlines(total: Duration, waves: &[Wave]) -> Vec<Duration> {
 /// SIGTERM handlers, small enough not to cut short a normal eviction).
 pub fn fallback_margin(total: Duration) -> Duration {
     (total / 10).clamp(Duration::from_secs(1), Duration::from_secs(15))
+}
+
+/// The least grace period the `delete` fallback gives a pod, in seconds: the API server takes
+/// `gracePeriodSeconds: 0` as an immediate forced removal (the object goes before the containers
+/// are stopped), which a drain never asks for.
+pub const MIN_FALLBACK_GRACE_SECONDS: u32 = 1;
+
+/// The grace period of a `delete` fallback's deletion with `left` until the deadline, in the
+/// whole seconds the API takes: rounded up, so a pod never gets less than the time left, and at
+/// least [`MIN_FALLBACK_GRACE_SECONDS`], so a deletion near (or past) the deadline may outlast it
+/// by up to that second.
+pub fn fallback_grace(left: Duration) -> u32 {
+    let whole = left
+        .as_secs()
+        .saturating_add(u64::from(left.subsec_nanos() > 0));
+    u32::try_from(whole)
+        .unwrap_or(u32::MAX)
+        .max(MIN_FALLBACK_GRACE_SECONDS)
 }
 
 /// Whether a label selector selects a set of labels: the scaler's matcher

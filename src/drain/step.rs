@@ -28,6 +28,16 @@ pub const RETRY_BASE: Duration = Duration::from_millis(100);
 /// Backoff cap for server errors, so a recovered API server is noticed within seconds; also how
 /// often a drain that waits past its deadline (`on_deadline = wait`) looks again.
 pub const RETRY_CAP: Duration = Duration::from_secs(5);
+/// The longest wait [`later`] adds: thirty years (tokio's own stand-in for "never"), beyond any
+/// drain's deadline and far from where an `Instant` overflows.
+const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+
+/// `at + by` without the panic of `Instant + Duration` on overflow: a wait longer than
+/// [`FAR_FUTURE`] (only a bug's or a hostile value's could be) is taken as that long, which no
+/// drain outlives; every instant the drain computes goes through here.
+pub fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by.min(FAR_FUTURE)).unwrap_or(at)
+}
 
 /// How a drain ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,21 +187,33 @@ impl Tracked {
         )
     }
 
+    /// Whether the `delete` fallback may delete it: it is still there and not leaving, an
+    /// eviction of it was tried (the fallback is for pods their budget keeps, never a way around
+    /// the Eviction API), none is unanswered (if one went through, a deletion now would be
+    /// reported as bypassing its budget when it did not), and no deletion was sent before.
+    fn deletable(&self) -> bool {
+        !self.settled()
+            && self.state != PodState::Leaving
+            && self.attempts > 0
+            && self.outstanding == 0
+            && !self.fallback_sent
+    }
+
     /// The `delete` fallback's deletion of the pod, now in flight (sent once per pod).
-    fn fallback_delete(&mut self, grace: Duration) -> Command {
+    fn fallback_delete(&mut self, grace_seconds: u32) -> Command {
         self.state = PodState::InFlight;
         self.evicting_under.clear();
         self.fallback_sent = true;
         self.outstanding += 1;
         Command::Delete {
             pod: self.pod.clone(),
-            grace,
+            grace_seconds,
         }
     }
 
     /// When its own wait for its budget ends, if it has one and a budget has refused it.
     fn own_deadline(&self) -> Option<Instant> {
-        Some(self.first_blocked? + self.budget_wait?)
+        Some(later(self.first_blocked?, self.budget_wait?))
     }
 }
 
@@ -205,8 +227,8 @@ pub enum Command {
     Delete {
         /// The pod.
         pod: PodRef,
-        /// Its grace period: the time left before the deadline.
-        grace: Duration,
+        /// Its grace period: the time left before the deadline ([`plan::fallback_grace`]).
+        grace_seconds: u32,
     },
     /// A wave ended; `settled` is false when its share of the deadline ran out first.
     WaveEnded {
@@ -301,12 +323,12 @@ impl Schedule {
     pub fn new(limits: Limits, plan: PlanOptions, started: Instant) -> Self {
         let wave_ends = plan::wave_deadlines(limits.timeout, &plan.waves)
             .into_iter()
-            .map(|d| started + d)
+            .map(|d| later(started, d))
             .collect();
-        let deadline = started + limits.timeout;
+        let margin = plan::fallback_margin(limits.timeout);
         Self {
-            fallback_at: deadline - plan::fallback_margin(limits.timeout),
-            deadline,
+            fallback_at: later(started, limits.timeout.saturating_sub(margin)),
+            deadline: later(started, limits.timeout),
             wave_ends,
             wave: 0,
             pods: BTreeMap::new(),
@@ -479,25 +501,27 @@ impl Schedule {
         }
     }
 
-    /// `on_deadline = delete` near the deadline: every pod still there is deleted, once.
+    /// `on_deadline = delete` near the deadline: every pod still there is deleted, once, after
+    /// an eviction of it was tried (from now on the pods of every wave are evicted, so a pod
+    /// whose wave has not begun is tried first too).
     fn fallback(&mut self, now: Instant, commands: &mut Vec<Command>) {
         if self.limits.on_deadline != OnDeadline::Delete || now < self.fallback_at {
             return;
         }
         self.fallback_started = true;
-        let grace = self.deadline.saturating_duration_since(now);
-        for t in self.pods.values_mut() {
-            // A pod whose eviction is still unanswered waits for the answer: if the eviction
-            // went through, a deletion now would be reported as bypassing its budget when it
-            // did not.
-            if !t.settled()
-                && t.state != PodState::Leaving
-                && t.outstanding == 0
-                && !t.fallback_sent
-            {
-                commands.push(t.fallback_delete(grace));
-                self.in_flight += 1;
-            }
+        let grace = plan::fallback_grace(self.deadline.saturating_duration_since(now));
+        for t in self.pods.values_mut().filter(|t| t.deletable()) {
+            commands.push(t.fallback_delete(grace));
+            self.in_flight += 1;
+        }
+    }
+
+    /// The last wave whose pods are evicted now: every wave once the `delete` fallback started.
+    fn open_wave(&self) -> usize {
+        if self.fallback_started {
+            usize::MAX
+        } else {
+            self.wave
         }
     }
 
@@ -505,15 +529,16 @@ impl Schedule {
     fn evict(&mut self, now: Instant, budgets: &dyn Budgets, commands: &mut Vec<Command>) {
         // One eviction in flight per budget (see Budgets::of).
         let mut busy = self.busy_budgets();
+        let open_wave = self.open_wave();
         for t in self.pods.values_mut() {
             if self.in_flight >= self.limits.concurrency {
                 break;
             }
-            if t.wave <= self.wave && retry_at(t, now, budgets).is_some_and(|at| now >= at) {
+            if t.wave <= open_wave && retry_at(t, now, budgets).is_some_and(|at| now >= at) {
                 if let Some(replica_set) = t.surge.take() {
                     // Half the time left: the eviction keeps the other half if no replacement
                     // comes.
-                    let until = now + self.deadline.saturating_duration_since(now) / 2;
+                    let until = later(now, self.deadline.saturating_duration_since(now) / 2);
                     t.state = PodState::Surging { since: now, until };
                     commands.push(Command::Surge {
                         pod: t.pod.clone(),
@@ -552,7 +577,11 @@ impl Schedule {
     /// fallback, the wave's end, a pod's own deadline or its next retry, whichever comes first.
     fn wake(&self, now: Instant, budgets: &dyn Budgets) -> Instant {
         let wait = self.limits.on_deadline == OnDeadline::Wait;
-        let mut wake = if wait { now + RETRY_CAP } else { self.deadline };
+        let mut wake = if wait {
+            later(now, RETRY_CAP)
+        } else {
+            self.deadline
+        };
         if self.limits.on_deadline == OnDeadline::Delete && !self.fallback_started {
             wake = wake.min(self.fallback_at);
         }
@@ -586,7 +615,7 @@ impl Schedule {
             if let Some(t) = self
                 .pods
                 .values()
-                .filter(|t| t.wave <= self.wave)
+                .filter(|t| t.wave <= self.open_wave())
                 .filter_map(due)
                 .min()
             {
@@ -621,14 +650,14 @@ impl Schedule {
     /// now, not at the node's deadline: deleted under `delete` (with the time left to the node's
     /// deadline as grace), given up under `abandon`; `wait` waits on.
     fn own_deadlines(&mut self, now: Instant, commands: &mut Vec<Command>) {
-        let grace = self.deadline.saturating_duration_since(now);
+        let grace = plan::fallback_grace(self.deadline.saturating_duration_since(now));
         for t in self.pods.values_mut() {
             let due = t.own_deadline().is_some_and(|d| now >= d);
             if !due || t.settled() || t.state == PodState::Leaving || t.outstanding > 0 {
                 continue;
             }
             match self.limits.on_deadline {
-                OnDeadline::Delete if !t.fallback_sent => {
+                OnDeadline::Delete if t.deletable() => {
                     commands.push(t.fallback_delete(grace));
                     self.in_flight += 1;
                 }
@@ -686,7 +715,7 @@ impl Schedule {
                 }
             }
             Outcome::Retry => PodState::Backoff {
-                until: now + backoff(t.attempts),
+                until: later(now, backoff(t.attempts)),
             },
             Outcome::MultipleBudgets => PodState::Refused(Refusal::MultipleBudgets(matching)),
             Outcome::Rejected => PodState::Refused(Refusal::Rejected {
@@ -770,9 +799,9 @@ fn retry_at(t: &Tracked, now: Instant, budgets: &dyn Budgets) -> Option<Instant>
         PodState::Pending => Some(now),
         PodState::Backoff { until } => Some(*until),
         PodState::Blocked { since, .. } => Some(if budgets.open(t) {
-            *since + BUDGET_RETRY_FLOOR
+            later(*since, BUDGET_RETRY_FLOOR)
         } else {
-            *since + BUDGET_RETRY_CEILING
+            later(*since, BUDGET_RETRY_CEILING)
         }),
         _ => None,
     }

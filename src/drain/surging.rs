@@ -184,7 +184,7 @@ impl Surges {
         if now < at {
             return (Vec::new(), Some(at));
         }
-        self.next_check = Some(now + CHECK_EVERY);
+        self.next_check = Some(super::step::later(now, CHECK_EVERY));
         let due = self
             .live
             .values_mut()

@@ -513,3 +513,52 @@ fn a_pod_has_left_its_node_once_stopped_unless_something_waits_for_its_object() 
         "a claim's pod waits for its object"
     );
 }
+
+#[test]
+fn a_pods_drain_timeout_is_read_within_bounds() {
+    let annotated =
+        |v: &str| pod(json!({"metadata": {"annotations": {DRAIN_TIMEOUT_ANNOTATION: v}}}));
+    let ok: [(&str, Duration); 4] = [
+        ("90s", Duration::from_secs(90)),
+        (" 5m ", Duration::from_secs(300)),
+        ("0s", Duration::ZERO),
+        ("7days", Duration::from_secs(7 * 24 * 3600)),
+    ];
+    for (v, want) in ok {
+        assert_eq!(budget_wait(&annotated(v)), Ok(Some(want)), "{v:?}");
+    }
+    assert_eq!(budget_wait(&pod(json!({}))), Ok(None));
+    let refused: [(&str, &str); 4] = [
+        ("ninety seconds", "\"90s\""),
+        ("168h 1s", "from 0s to 7days"),
+        ("300000000000y", "from 0s to 7days"),
+        ("18446744073709551615s", "from 0s to 7days"),
+    ];
+    for (v, says) in refused {
+        let Err(e) = budget_wait(&annotated(v)) else {
+            panic!("{v:?} accepted")
+        };
+        assert!(
+            e.contains("default/p") && e.contains(DRAIN_TIMEOUT_ANNOTATION) && e.contains(says),
+            "{v:?}: {e}"
+        );
+    }
+}
+
+#[test]
+fn the_fallbacks_grace_is_whole_seconds_rounded_up_and_never_zero() {
+    let ms = Duration::from_millis;
+    let cases: [(Duration, u32); 8] = [
+        (Duration::ZERO, 1),
+        (ms(1), 1),
+        (ms(999), 1),
+        (ms(1000), 1),
+        (ms(1001), 2),
+        (ms(7000), 7),
+        (Duration::from_secs(u64::from(u32::MAX) + 1), u32::MAX),
+        (Duration::MAX, u32::MAX),
+    ];
+    for (left, want) in cases {
+        assert_eq!(fallback_grace(left), want, "{left:?} left");
+    }
+}

@@ -4,7 +4,8 @@
 //! go and their replacements a while to become healthy elsewhere, or never do). Properties, for
 //! any such cluster:
 //! - no budget ever falls below its minimum except through the `delete` fallback, which sends
-//!   nothing before its time and only for pods still on the node;
+//!   nothing before its time, only for pods still on the node whose eviction was tried, and
+//!   never with a grace of 0 s (a forced removal);
 //! - no more evictions are in flight than the drain's concurrency;
 //! - a drain that does not wait past its deadline is over by then;
 //! - the report accounts for every pod once: gone (and how), refused, or left behind.
@@ -129,6 +130,8 @@ struct Model {
     in_flight: usize,
     deleted: BTreeSet<String>,
     evicted: BTreeSet<String>,
+    /// Pods an eviction was sent for.
+    tried: BTreeSet<String>,
     leave: Duration,
     latency: Duration,
 }
@@ -249,6 +252,7 @@ impl Model {
             in_flight: 0,
             deleted: BTreeSet::new(),
             evicted: BTreeSet::new(),
+            tried: BTreeSet::new(),
             leave: Duration::from_millis(case.leave_ms),
             latency: Duration::from_millis(case.latency_ms),
         };
@@ -306,11 +310,14 @@ impl Model {
                         self.in_flight,
                         case.concurrency
                     );
+                    self.tried.insert(p.uid.clone());
                     let answer = self.evict(&p.uid, now);
                     self.at(now + self.latency, Event::Evicted(p.uid.clone(), answer));
                 }
-                Command::Delete { pod, .. } => {
+                Command::Delete { pod, grace_seconds } => {
                     prop_assert!(case.delete_fallback, "a delete without the delete fallback");
+                    prop_assert!(self.tried.contains(&pod.uid), "a delete before an eviction");
+                    prop_assert!(*grace_seconds >= 1, "a forced delete (grace 0)");
                     prop_assert!(now >= fallback_at, "a delete before the fallback's time");
                     prop_assert!(
                         self.pods[&pod.uid] != OnNode::Gone,

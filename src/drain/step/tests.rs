@@ -26,10 +26,20 @@ fn pod(name: &str, priority: i32) -> Pod {
 
 /// Two waves (critical pods last, 30% of the deadline), 10 s, concurrency 10.
 fn schedule(on_deadline: OnDeadline, concurrency: usize, t0: Instant) -> Schedule {
+    schedule_within(on_deadline, concurrency, Duration::from_secs(10), t0)
+}
+
+/// [`schedule`] with a deadline of `timeout`.
+fn schedule_within(
+    on_deadline: OnDeadline,
+    concurrency: usize,
+    timeout: Duration,
+    t0: Instant,
+) -> Schedule {
     Schedule::new(
         Limits {
             concurrency,
-            timeout: Duration::from_secs(10),
+            timeout,
             on_deadline,
         },
         PlanOptions {
@@ -251,8 +261,8 @@ fn each_deadline_policy() {
                 assert!(
                     commands
                         .iter()
-                        .any(|c| matches!(c, Command::Delete { pod, grace }
-                        if pod.name == "a" && *grace == Duration::from_secs(1))),
+                        .any(|c| matches!(c, Command::Delete { pod, grace_seconds }
+                        if pod.name == "a" && *grace_seconds == 1)),
                     "{commands:?}"
                 );
                 s.delete_answered("a", Deleted::Accepted);
@@ -509,12 +519,8 @@ fn a_pods_own_drain_timeout_starts_at_its_first_refusal_and_applies_the_policy_t
         let deleted: Vec<&str> = commands
             .iter()
             .filter_map(|c| match c {
-                Command::Delete { pod, grace } => {
-                    assert_eq!(
-                        *grace,
-                        Duration::from_secs(7),
-                        "the time left to the node's deadline"
-                    );
+                Command::Delete { pod, grace_seconds } => {
+                    assert_eq!(*grace_seconds, 7, "the time left to the node's deadline");
                     Some(pod.name.as_str())
                 }
                 _ => None,
@@ -560,6 +566,66 @@ fn a_drain_timeout_that_is_not_a_duration_is_said_once_and_ignored() {
     );
     assert!(s.take_notes().is_empty());
     assert_eq!(s.get("typo").and_then(|t| t.budget_wait), None);
+}
+
+/// A value that parses as a duration but overflows an `Instant` (about 9.5e18 s): once its
+/// budget refused the pod, the step added it to the refusal's instant and panicked.
+#[test]
+fn a_drain_timeout_beyond_any_deadline_is_said_and_ignored_without_a_panic() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Delete, 10, t0);
+    s.track(&annotated("huge", "300000000000y"), &no_daemonsets);
+    assert_eq!(evicted(&run(&mut s, t0, Duration::ZERO, &closed)), ["huge"]);
+    blocked_at(&mut s, "huge", t0 + Duration::from_secs(1));
+    let after = run(&mut s, t0, Duration::from_secs(2), &closed);
+    assert_eq!(
+        wake(&after, t0),
+        Duration::from_secs(1) + BUDGET_RETRY_CEILING,
+        "waits for its budget as a pod without the annotation"
+    );
+    let notes = s.take_notes();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("ns/huge")
+            && notes[0].contains("nodeward.io/drain-timeout")
+            && notes[0].contains("from 0s to 7days"),
+        "{}",
+        notes[0]
+    );
+    assert_eq!(s.get("huge").and_then(|t| t.budget_wait), None);
+}
+
+/// The deletions of a delete fallback, with their grace.
+fn deletions(step: &Step) -> Vec<(String, u32)> {
+    commands(step)
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Delete { pod, grace_seconds } => Some((pod.name, grace_seconds)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A deadline inside the fallback's 1 s margin (the agent's retry after an API outage, a short
+/// InhibitDelayMaxSec, `--timeout` or `nodeward.io/drain-timeout`): the fallback is due at once,
+/// yet every pod, of every wave, is first tried with an eviction, and its deletion gives it at
+/// least a second of grace (0 s is a forced removal).
+#[test]
+fn a_deadline_inside_the_fallbacks_margin_evicts_first_and_deletes_with_a_second_of_grace() {
+    let t0 = Instant::now();
+    let timeout = Duration::from_millis(500);
+    let mut s = schedule_within(OnDeadline::Delete, 10, timeout, t0);
+    for p in [pod("a", 0), pod("dns", 2000)] {
+        s.track(&p, &no_daemonsets);
+    }
+    let first = run(&mut s, t0, Duration::ZERO, &closed);
+    assert_eq!(deletions(&first), [], "no deletion before an eviction");
+    assert_eq!(evicted(&first), ["a", "dns"]);
+    for p in ["a", "dns"] {
+        blocked_at(&mut s, p, t0 + 10 * MS);
+    }
+    let fallback = run(&mut s, t0, 20 * MS, &closed);
+    assert_eq!(deletions(&fallback), [("a".into(), 1), ("dns".into(), 1)]);
 }
 
 fn commands(step: &Step) -> Vec<Command> {
@@ -737,4 +803,13 @@ fn one_eviction_in_flight_per_budget() {
     );
     let after = s.step(t0 + 6 * MS, &TwoBudgets);
     assert_eq!(evicted(&after), ["b2"], "a refusal frees the budget too");
+}
+
+#[test]
+fn later_adds_and_saturates_instead_of_panicking() {
+    let t0 = Instant::now();
+    let second = Duration::from_secs(1);
+    assert_eq!(later(t0, second), t0 + second);
+    assert_eq!(later(t0, Duration::MAX), t0 + FAR_FUTURE);
+    assert!(later(t0, Duration::MAX) > later(t0, plan::MAX_BUDGET_WAIT));
 }
