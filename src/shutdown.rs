@@ -258,17 +258,7 @@ mod tests {
     /// outcome stands (issue 41, defect 4).
     #[test]
     fn a_drain_the_api_server_refused_the_agents_credentials_for_is_the_units() {
-        let summary = |outcome| crate::agent::status::DrainSummary {
-            started_at: String::new(),
-            kind: ShutdownKind::PowerOff,
-            policy: ShutdownPolicy::Drain,
-            deadline_ms: 0,
-            outcome,
-            evicted: 0,
-            left_behind: Vec::new(),
-            refused: Vec::new(),
-            elapsed_ms: 0,
-        };
+        let summary = crate::agent::status::DrainSummary::of;
         let mut st = status(7, Phase::Drained);
         st.last_drain = Some(summary(ShutdownOutcome::Unauthorized("401".into())));
         assert_eq!(agent_says(Some(&st), |_| false), AgentSays::Unauthorized);

@@ -116,6 +116,47 @@ async fn whoami_with_token(cluster: &Cluster, token: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The settings both end-to-end scalers start from: this Cherry emulator, fast scans and a
+/// short Lease, `group` alone.
+fn scaler_settings(
+    cherry: &CherryEmulator,
+    values: &std::path::Path,
+    group: nodeward::config::GroupSettings,
+) -> Settings {
+    std::fs::write(values, REAL_VALUES).expect("values");
+    let mut settings = Settings::default();
+    let s = &mut settings.scaler;
+    s.cluster_name = "real".into();
+    s.values = values.to_path_buf();
+    s.cherry.api_url = cherry.url();
+    s.cherry.project_id = Some(7);
+    s.cherry.request_timeout = Duration::from_secs(2);
+    s.scan_interval = Duration::from_millis(200);
+    s.lease_duration = Duration::from_secs(2);
+    s.metrics_address = None;
+    s.groups = vec![group];
+    settings
+}
+
+/// Runs the scaler in this process until the sender is used (its log in the test's output).
+fn run_scaler(
+    scaler: nodeward::scaler::run::Scaler<nodeward::scaler::provider::AnyProvider>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        scaler
+            .run(async {
+                let _ = stop_rx.await;
+            })
+            .await
+            .expect("scaler runs");
+    });
+    (stop_tx, task)
+}
+
 async fn scale_up_and_down(cluster: Cluster) {
     // The scaler runs in this process: its log goes to the test's output.
     let _ = tracing_subscriber::fmt()
@@ -125,22 +166,11 @@ async fn scale_up_and_down(cluster: Cluster) {
     let admin = cluster.admin().await;
     let cherry = common::cherry_emulator(API_TOKEN).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let values = dir.path().join("values.toml");
-    std::fs::write(&values, REAL_VALUES).expect("values");
     let group_name = unique("g").replace('-', "");
-    let mut settings = Settings::default();
-    let s = &mut settings.scaler;
-    s.cluster_name = "real".into();
-    s.values = values;
-    s.cherry.api_url = cherry.url();
-    s.cherry.project_id = Some(7);
-    s.cherry.request_timeout = Duration::from_secs(2);
-    s.scan_interval = Duration::from_millis(200);
-    s.lease_duration = Duration::from_secs(2);
-    s.metrics_address = None;
-    s.scale_down_unneeded_time = Duration::from_secs(2);
-    s.max_provision_time = Duration::from_secs(60);
-    s.groups = vec![common::scaler_group(&group_name, 4)];
+    let group = common::scaler_group(&group_name, 4);
+    let mut settings = scaler_settings(&cherry, &dir.path().join("values.toml"), group);
+    settings.scaler.scale_down_unneeded_time = Duration::from_secs(2);
+    settings.scaler.max_provision_time = Duration::from_secs(60);
     settings.drain.timeout = Duration::from_secs(20);
 
     let namespace = settings.scaler.namespace.clone();
@@ -149,15 +179,7 @@ async fn scale_up_and_down(cluster: Cluster) {
         &[],
     );
     let scaler = common::real_scaler(&cluster, &settings, API_TOKEN, "real-e2e").await;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let scaler_task = tokio::spawn(async move {
-        scaler
-            .run(async {
-                let _ = stop_rx.await;
-            })
-            .await
-            .expect("scaler runs");
-    });
+    let (stop_tx, scaler_task) = run_scaler(scaler);
 
     // Load: 6 pods of 1 CPU for this group's nodes only: two 4-CPU machines.
     let ns = unique("load");
@@ -375,38 +397,19 @@ async fn rebooting_node_keeps_its_machine(cluster: Cluster) {
     let admin = cluster.admin().await;
     let cherry = common::cherry_emulator(API_TOKEN).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut settings = Settings::default();
-    let s = &mut settings.scaler;
-    s.cluster_name = "real".into();
-    s.values = dir.path().join("values.toml");
-    std::fs::write(&s.values, REAL_VALUES).expect("values");
-    s.cherry.api_url = cherry.url();
-    s.cherry.project_id = Some(7);
-    s.cherry.request_timeout = Duration::from_secs(2);
-    s.scan_interval = Duration::from_millis(200);
-    s.lease_duration = Duration::from_secs(2);
-    s.metrics_address = None;
-    s.scale_down_enabled = false;
-    s.max_provision_time = Duration::from_secs(3);
     let group_name = unique("rb").replace('-', "");
     let mut group = common::scaler_group(&group_name, 2);
     group.min = 1;
-    s.groups = vec![group];
-    let namespace = s.namespace.clone();
+    let mut settings = scaler_settings(&cherry, &dir.path().join("values.toml"), group);
+    settings.scaler.scale_down_enabled = false;
+    settings.scaler.max_provision_time = Duration::from_secs(3);
+    let namespace = settings.scaler.namespace.clone();
     let _controller = common::spawn_controller(
         &cluster.service_account_kubeconfig(common::CONTROLLER_SA.0, common::CONTROLLER_SA.1),
         &["--mode", "continuous"],
     );
     let scaler = common::real_scaler(&cluster, &settings, API_TOKEN, "real-reboot").await;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let scaler_task = tokio::spawn(async move {
-        scaler
-            .run(async {
-                let _ = stop_rx.await;
-            })
-            .await
-            .expect("scaler runs");
-    });
+    let (stop_tx, scaler_task) = run_scaler(scaler);
     let nodes: Api<Node> = Api::all(admin.clone());
     let tainted = |n: &Node| {
         n.spec

@@ -205,17 +205,7 @@ impl Agent {
 }
 
 pub(super) fn outcome(outcome: ShutdownOutcome) -> DrainSummary {
-    DrainSummary {
-        started_at: String::new(),
-        kind: ShutdownKind::Unknown,
-        policy: ShutdownPolicy::Drain,
-        deadline_ms: 0,
-        outcome,
-        evicted: 0,
-        left_behind: Vec::new(),
-        refused: Vec::new(),
-        elapsed_ms: 0,
-    }
+    DrainSummary::of(outcome)
 }
 
 pub(super) fn report_summary(r: &crate::drain::DrainReport) -> DrainSummary {

@@ -59,6 +59,23 @@ pub struct DrainSummary {
     pub elapsed_ms: u64,
 }
 
+impl DrainSummary {
+    /// A summary of `outcome` alone (no pods counted); the caller fills in the rest.
+    pub fn of(outcome: ShutdownOutcome) -> Self {
+        Self {
+            started_at: String::new(),
+            kind: ShutdownKind::Unknown,
+            policy: crate::config::ShutdownPolicy::Drain,
+            deadline_ms: 0,
+            outcome,
+            evicted: 0,
+            left_behind: Vec::new(),
+            refused: Vec::new(),
+            elapsed_ms: 0,
+        }
+    }
+}
+
 /// How a shutdown's drain (or cordon) ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
