@@ -771,6 +771,47 @@ async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
     h.shutdown().await;
 }
 
+/// An operator's `nodeward drain` cordoned the node before the shutdown; the agent's shutdown
+/// drain finds that cordon (it cordons nothing itself), so a cancelled shutdown leaves it: only
+/// a cordon the agent's own write made is the agent's to lift.
+#[tokio::test]
+async fn logind_a_cancelled_shutdown_keeps_the_operators_cordon() {
+    let (h, emu, agent) = holding_the_lock(CAP, 0, "5s").await;
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .arg("drain")
+        .arg("--config")
+        .arg(agent.config_file())
+        .output()
+        .await
+        .expect("nodeward drain");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    h.power_off().await.expect("PowerOff");
+    h.wait_for_unit_started("poweroff.target", SOON)
+        .await
+        .expect("logind proceeds once the lock is released");
+    agent
+        .wait_status("drained", |s| s.last_drain.is_some())
+        .await;
+    h.cancel_shutdown().await.expect("cancel");
+    agent
+        .wait_status("lock taken again, gates passed", |s| {
+            s.lock == nodeward::agent::state::Lock::Held
+                && s.phase == nodeward::agent::state::Phase::Ready
+        })
+        .await;
+    assert!(
+        cordoned_by_us(&emu_node(&emu)),
+        "the operator's drain was lifted by the agent"
+    );
+    h.shutdown().await;
+}
+
 /// A shutdown drain that a budget blocks says so in the status file, every blocked pod with its
 /// budget and how long it has waited, and `nodeward status` prints them; gone once it ends.
 #[tokio::test]
