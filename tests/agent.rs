@@ -456,6 +456,12 @@ async fn reboot_round_trip_uncordons_our_cordon_from_before_the_boot() {
         n["metadata"]["annotations"] = json!({CORDONED_BY: record});
         n["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"] =
             json!("true");
+        // As nodeward's write left it: its field manager owns spec.unschedulable.
+        n["metadata"]["managedFields"] = json!([{
+            "manager": "nodeward", "operation": "Update", "apiVersion": "v1",
+            "time": "2020-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:spec": {"f:unschedulable": {}}},
+        }]);
     })
     .expect("cordoned before reboot");
     seed_flannel(&emu, false);
@@ -491,6 +497,57 @@ async fn reboot_round_trip_uncordons_our_cordon_from_before_the_boot() {
             .annotations
             .unwrap_or_default()
             .contains_key(CORDONED_BY)
+    );
+}
+
+/// `kubectl uncordon` of nodeward's shutdown cordon leaves its record behind; a later
+/// `kubectl cordon` (field manager `kubectl-cordon`) is the administrator's: the agent keeps it
+/// when its gates pass, though the record predates the boot.
+#[tokio::test]
+async fn a_kubectl_cordon_over_a_stale_shutdown_record_is_kept() {
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    let record =
+        json!({"reason": "shutdown (reboot)", "at": "2020-01-01T00:00:00Z", "shutdown": true})
+            .to_string();
+    emu.modify("nodes", None, NODE, |n| {
+        n["metadata"]["annotations"] = json!({CORDONED_BY: record});
+    })
+    .expect("the record kubectl uncordon left");
+    let kubectl_cordon = kube::api::PatchParams {
+        field_manager: Some("kubectl-cordon".into()),
+        ..kube::api::PatchParams::default()
+    };
+    kube::Api::<Node>::all(client(&emu).await)
+        .patch(
+            NODE,
+            &kubectl_cordon,
+            &kube::api::Patch::Strategic(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .expect("kubectl cordon");
+    seed_flannel(&emu, true);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: None,
+        dropin_dir: None,
+        extra: "",
+    });
+    agent.write_flannel();
+    wait_node(&emu, "taint removed", |n| !has_taint(n)).await;
+    let st = agent
+        .wait_status("ready", |s| s.phase == nodeward::agent::state::Phase::Ready)
+        .await;
+    assert_eq!(
+        emu_node(&emu).spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "the administrator's cordon was lifted"
+    );
+    assert!(
+        st.cordoned_by
+            .as_deref()
+            .is_some_and(|c| c.starts_with("kubectl-cordon")),
+        "{st}"
     );
 }
 
@@ -711,6 +768,47 @@ async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
         schedulable,
     )
     .await;
+    h.shutdown().await;
+}
+
+/// An operator's `nodeward drain` cordoned the node before the shutdown; the agent's shutdown
+/// drain finds that cordon (it cordons nothing itself), so a cancelled shutdown leaves it: only
+/// a cordon the agent's own write made is the agent's to lift.
+#[tokio::test]
+async fn logind_a_cancelled_shutdown_keeps_the_operators_cordon() {
+    let (h, emu, agent) = holding_the_lock(CAP, 0, "5s").await;
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .arg("drain")
+        .arg("--config")
+        .arg(agent.config_file())
+        .output()
+        .await
+        .expect("nodeward drain");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    h.power_off().await.expect("PowerOff");
+    h.wait_for_unit_started("poweroff.target", SOON)
+        .await
+        .expect("logind proceeds once the lock is released");
+    agent
+        .wait_status("drained", |s| s.last_drain.is_some())
+        .await;
+    h.cancel_shutdown().await.expect("cancel");
+    agent
+        .wait_status("lock taken again, gates passed", |s| {
+            s.lock == nodeward::agent::state::Lock::Held
+                && s.phase == nodeward::agent::state::Phase::Ready
+        })
+        .await;
+    assert!(
+        cordoned_by_us(&emu_node(&emu)),
+        "the operator's drain was lifted by the agent"
+    );
     h.shutdown().await;
 }
 

@@ -46,6 +46,7 @@ pub mod status;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -282,8 +283,10 @@ struct Known {
     /// Where on `CLOCK_BOOTTIME` this userspace started (zero until systemd says, and where
     /// it cannot): after a soft-reboot, later than the kernel's boot ([`boot_time`]).
     userspace_since_boot: Duration,
-    /// This agent cordoned the Node for a shutdown: if the shutdown is cancelled, a cordon to
-    /// lift once the gates pass, unlike an operator's `nodeward drain`.
+    /// This agent's own write cordoned the Node for a shutdown: if the shutdown is cancelled, a
+    /// cordon to lift once the gates pass. Not so when the shutdown found the Node cordoned
+    /// already (an operator's `nodeward drain` or `nodeward cordon`, a scale-down): that cordon
+    /// stays.
     own_cordon: bool,
     /// The shutdown under way, for its drain's summary.
     shutdown_started: Option<ShutdownStart>,
@@ -362,6 +365,11 @@ struct LogindLink {
     /// Stops nodeward-drain.service (systemd, on the same bus) during a shutdown drain; true
     /// when it stopped an armed unit (which a cancelled shutdown then starts again).
     drain_unit: Option<tokio::task::JoinHandle<bool>>,
+    /// Set by a shutdown's cordon or drain the moment its own write cordons the Node
+    /// ([`crate::drain::CordonOutcome::Cordoned`]), so it is known even when a cancelled shutdown
+    /// drops the drain before its report; [`Agent::reconcile`] moves it into
+    /// [`Known::own_cordon`].
+    cordoned: std::sync::Arc<AtomicBool>,
 }
 
 /// What the agent tells the operator: systemd's STATUS= line, the status file `nodeward status`
@@ -405,6 +413,7 @@ impl Agent {
                 backoff: Backoff::new(LOGIND_RETRY_MIN, LOGIND_RETRY_MAX),
                 cap_fix_tried: false,
                 drain_unit: None,
+                cordoned: std::sync::Arc::default(),
             },
             known: Known::new(gates, Instant::now()),
         }
@@ -465,6 +474,9 @@ impl Agent {
     /// Re-evaluates the gates and acts on the Node; stops at the first failed write and tries
     /// again after [`RECONCILE_RETRY`].
     async fn reconcile(&mut self) {
+        if self.logind.cordoned.swap(false, Ordering::Relaxed) {
+            self.known.own_cordon = true;
+        }
         self.known.evaluate_gates(Instant::now());
         let Some(client) = self.api.client.clone() else {
             return;

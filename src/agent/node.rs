@@ -12,7 +12,7 @@ pub fn cordon_view(n: &Node, boot_time: Option<jiff::Timestamp>, own_cordon: boo
     if !cordon::is_cordoned(n) {
         return CordonView::NotCordoned;
     }
-    let Some(rec) = cordon::record(n) else {
+    let Some(rec) = cordon::nodeward_cordon(n) else {
         return CordonView::Other;
     };
     let at: Option<jiff::Timestamp> = rec.at.parse().ok();
@@ -31,7 +31,7 @@ pub fn cordon_owner(n: &Node) -> Option<String> {
     if !cordon::is_cordoned(n) {
         return None;
     }
-    Some(match cordon::record(n) {
+    Some(match cordon::nodeward_cordon(n) {
         Some(r) => format!("nodeward ({}, at {})", r.reason, r.at),
         None => cordon::cordoned_by_manager(n).unwrap_or_else(|| "someone else".into()),
     })
@@ -65,6 +65,11 @@ mod tests {
         if let Some(at) = at {
             let rec = json!({"reason": "shutdown", "at": at, "shutdown": true}).to_string();
             v["metadata"]["annotations"] = json!({cordon::CORDONED_BY: rec});
+            // nodeward's own cordon: its write set spec.unschedulable.
+            v["metadata"]["managedFields"] = json!([{
+                "manager": crate::names::FIELD_MANAGER, "operation": "Update",
+                "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:unschedulable": {}}},
+            }]);
         }
         if taint {
             v["spec"]["taints"] =
@@ -140,6 +145,21 @@ mod tests {
                 .is_some_and(|o| o.starts_with("nodeward"))
         );
         assert_eq!(cordon_owner(&node(false, None, false)), None);
+    }
+
+    /// `kubectl uncordon` leaves nodeward's shutdown record behind; a later `kubectl cordon` is
+    /// the administrator's: not lifted after the reboot, and `nodeward status` names them.
+    #[test]
+    fn a_stale_record_under_an_admin_cordon_is_theirs() {
+        let boot: jiff::Timestamp = "2026-06-01T00:00:00Z".parse().expect("ts");
+        let mut n = node(true, before_boot(), false);
+        n.metadata.managed_fields = serde_json::from_value(json!([
+            {"manager": "kubectl-cordon", "operation": "Update", "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:spec": {"f:unschedulable": {}}}}
+        ]))
+        .expect("managedFields");
+        assert_eq!(cordon_view(&n, Some(boot), true), CordonView::Other);
+        assert_eq!(cordon_owner(&n).as_deref(), Some("kubectl-cordon"));
     }
 
     fn before_boot() -> Option<&'static str> {

@@ -59,7 +59,6 @@ impl Agent {
         if !self.known.phase_to(&self.node, PhaseEvent::ShutdownStarted) {
             return None;
         }
-        self.known.own_cordon = policy != ShutdownPolicy::Nothing;
         let now = Instant::now();
         self.known.shutdown_started = Some(ShutdownStart {
             at: now,
@@ -78,6 +77,8 @@ impl Agent {
         let exclude_lb = s.drain.exclude_from_load_balancers;
         let mut opts = crate::drain::DrainOptions::for_leaving_node(&s.drain, reason.clone(), true);
         opts.metrics = Some(self.report.metrics.drain.clone());
+        let cordoned = self.logind.cordoned.clone();
+        opts.cordoned = Some(cordoned.clone());
         let (progress, watching) = tokio::sync::watch::channel(None);
         opts.progress = Some(std::sync::Arc::new(progress));
         self.report.drain_progress = Some(watching);
@@ -91,7 +92,12 @@ impl Agent {
                     crate::drain::cordon_for_shutdown(&client, &node, &reason, exclude_lb)
                 })
                 .await
-                .map_or_else(outcome, |_| outcome(ShutdownOutcome::Cordoned))
+                .map_or_else(outcome, |o| {
+                    if o == crate::drain::CordonOutcome::Cordoned {
+                        cordoned.store(true, Ordering::Relaxed);
+                    }
+                    outcome(ShutdownOutcome::Cordoned)
+                })
             }),
             ShutdownPolicy::Drain => Box::pin(async move {
                 retry_until(&node, until, "drain", |left| {

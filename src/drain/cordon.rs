@@ -1,14 +1,20 @@
 //! Who cordoned a node, decided purely from the Node object.
 //!
-//! Kubernetes does not record who set `spec.unschedulable`, so nodeward records its own cordons
-//! in the annotation `nodeward.io/cordoned-by` (JSON: reason, time, whether it also added the
-//! load-balancer exclusion label). Only a cordon carrying that record is ever undone
-//! automatically: an administrator's cordon is theirs to lift.
+//! Kubernetes records who set `spec.unschedulable` only as field ownership (the Node's
+//! managedFields), not why or for what. So nodeward records its own cordons in the annotation
+//! `nodeward.io/cordoned-by` (JSON: reason, time, whether it also added the load-balancer
+//! exclusion label), and [`nodeward_cordon`] counts that record only while nodeward's field
+//! manager owns `spec.unschedulable`: `kubectl uncordon` removes the field but leaves the
+//! annotation, and a later `kubectl cordon` (field manager `kubectl-cordon`) must not read as
+//! nodeward's. Only nodeward's cordon is ever undone automatically: anyone else's is theirs to
+//! lift.
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use serde::{Deserialize, Serialize};
 
 pub use crate::names::CORDONED_BY;
+use crate::names::FIELD_MANAGER;
 /// The label that makes cloud load balancers stop sending traffic to a node.
 pub const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 
@@ -37,14 +43,44 @@ pub fn is_cordoned(node: &Node) -> bool {
         .unwrap_or(false)
 }
 
-/// nodeward's record on the node, if it has one (a malformed record counts as none, so a
-/// hand-edited annotation never makes nodeward uncordon).
-pub fn record(node: &Node) -> Option<CordonRecord> {
+/// The one answer to "is this cordon nodeward's": its record, when the node is cordoned, the
+/// record parses, and nodeward's field manager alone owns `spec.unschedulable` (its own write
+/// set the field and no one has set or removed it since). Otherwise the record, if any, is
+/// stale (left by `kubectl uncordon`) or hand-edited, and never a reason to uncordon or to
+/// finish a scale-down.
+pub fn nodeward_cordon(node: &Node) -> Option<CordonRecord> {
+    let owners = unschedulable_owners(node);
+    let ours = is_cordoned(node)
+        && !owners.is_empty()
+        && owners
+            .iter()
+            .all(|e| e.manager.as_deref() == Some(FIELD_MANAGER));
+    ours.then(|| record(node)).flatten()
+}
+
+/// The record on the node, whoever's the cordon is now (a malformed record counts as none).
+fn record(node: &Node) -> Option<CordonRecord> {
     node.metadata
         .annotations
         .as_ref()?
         .get(CORDONED_BY)
         .and_then(|v| serde_json::from_str(v).ok())
+}
+
+/// The managedFields entries that own `spec.unschedulable`.
+fn unschedulable_owners(node: &Node) -> Vec<&ManagedFieldsEntry> {
+    node.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|mf| {
+            mf.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:spec"))
+                .and_then(|s| s.get("f:unschedulable"))
+                .is_some()
+        })
+        .collect()
 }
 
 /// What to do when asked to cordon.
@@ -60,7 +96,7 @@ pub enum CordonDecision {
 
 /// Decides a cordon.
 pub fn cordon_decision(node: &Node) -> CordonDecision {
-    match (is_cordoned(node), record(node).is_some()) {
+    match (is_cordoned(node), nodeward_cordon(node).is_some()) {
         (false, _) => CordonDecision::Cordon,
         (true, true) => CordonDecision::AlreadyOurs,
         (true, false) => CordonDecision::AlreadyByOther,
@@ -89,13 +125,12 @@ pub enum UncordonDecision {
 
 /// Decides an uncordon. `force` lifts someone else's cordon too.
 pub fn uncordon_decision(node: &Node, force: bool) -> UncordonDecision {
-    let rec = record(node);
     if !is_cordoned(node) {
         return UncordonDecision::NotCordoned {
-            stale_record: rec.is_some(),
+            stale_record: record(node).is_some(),
         };
     }
-    match rec {
+    match nodeward_cordon(node) {
         Some(r) => UncordonDecision::Uncordon {
             remove_lb_label: r.excluded_from_lb,
         },
@@ -111,29 +146,17 @@ pub fn uncordon_decision(node: &Node, force: bool) -> UncordonDecision {
 /// The field manager that owns `spec.unschedulable`, from managedFields (`kubectl-cordon`,
 /// `kubectl`, a controller's name).
 pub fn cordoned_by_manager(node: &Node) -> Option<String> {
-    node.metadata
-        .managed_fields
-        .as_ref()?
-        .iter()
-        .find_map(|mf| {
-            let owns = mf
-                .fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:spec"))
-                .and_then(|s| s.get("f:unschedulable"))
-                .is_some();
-            owns.then(|| {
-                let when = mf
-                    .time
-                    .as_ref()
-                    .map(|t| format!(" at {}", t.0))
-                    .unwrap_or_default();
-                format!(
-                    "{}{when}",
-                    mf.manager.as_deref().unwrap_or("an unnamed field manager")
-                )
-            })
-        })
+    unschedulable_owners(node).first().map(|mf| {
+        let when = mf
+            .time
+            .as_ref()
+            .map(|t| format!(" at {}", t.0))
+            .unwrap_or_default();
+        format!(
+            "{}{when}",
+            mf.manager.as_deref().unwrap_or("an unnamed field manager")
+        )
+    })
 }
 
 #[cfg(test)]
@@ -142,7 +165,12 @@ mod tests {
 
     use super::*;
 
+    /// A node as nodeward's own write left it: its field manager owns `spec.unschedulable`.
     fn node(unschedulable: bool, annotation: Option<&str>) -> Node {
+        owned(unschedulable, annotation, &[FIELD_MANAGER])
+    }
+
+    fn bare(unschedulable: bool, annotation: Option<&str>) -> Node {
         let mut v = json!({"metadata": {"name": "n"}, "spec": {"unschedulable": unschedulable}});
         if let Some(a) = annotation {
             v["metadata"]["annotations"] = json!({CORDONED_BY: a});
@@ -184,7 +212,7 @@ mod tests {
             }
         );
         assert_eq!(
-            uncordon_decision(&node(true, None), false),
+            uncordon_decision(&bare(true, None), false),
             UncordonDecision::ByOther { who: None }
         );
         assert_eq!(
@@ -203,6 +231,80 @@ mod tests {
                 stale_record: false
             }
         );
+    }
+
+    /// A node as `owners` left it: each of them owns `spec.unschedulable` in managedFields.
+    fn owned(unschedulable: bool, annotation: Option<&str>, owners: &[&str]) -> Node {
+        let mut n = bare(unschedulable, annotation);
+        let entries = owners
+            .iter()
+            .map(|m| {
+                json!({"manager": m, "operation": "Update", "fieldsType": "FieldsV1",
+                       "fieldsV1": {"f:spec": {"f:unschedulable": {}}}})
+            })
+            .chain([json!({"manager": "kubelet", "operation": "Update",
+                           "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}})])
+            .collect::<Vec<_>>();
+        n.metadata.managed_fields = serde_json::from_value(json!(entries)).expect("managedFields");
+        n
+    }
+
+    /// The record counts only while nodeward's field manager alone owns `spec.unschedulable`: a
+    /// record `kubectl uncordon` left behind says nothing about a later `kubectl cordon`.
+    #[test]
+    fn cordon_is_ours_only_while_nodeward_owns_unschedulable() {
+        let cases: [(&str, Node, bool); 8] = [
+            (
+                "nodeward's write",
+                owned(true, Some(OURS), &["nodeward"]),
+                true,
+            ),
+            (
+                "kubectl cordon over a stale record",
+                owned(true, Some(OURS), &["kubectl-cordon"]),
+                false,
+            ),
+            (
+                "shared with an applier",
+                owned(true, Some(OURS), &["nodeward", "ops-apply"]),
+                false,
+            ),
+            ("no owner known", owned(true, Some(OURS), &[]), false),
+            (
+                "nodeward owns it, no record",
+                owned(true, None, &["nodeward"]),
+                false,
+            ),
+            (
+                "malformed record",
+                owned(true, Some("garbage"), &["nodeward"]),
+                false,
+            ),
+            (
+                "not cordoned",
+                owned(false, Some(OURS), &["nodeward"]),
+                false,
+            ),
+            (
+                "not cordoned, no owner",
+                owned(false, Some(OURS), &[]),
+                false,
+            ),
+        ];
+        for (what, n, ours) in cases {
+            let cordoned = is_cordoned(&n);
+            let want = match (cordoned, ours) {
+                (false, _) => CordonDecision::Cordon,
+                (true, true) => CordonDecision::AlreadyOurs,
+                (true, false) => CordonDecision::AlreadyByOther,
+            };
+            assert_eq!(cordon_decision(&n), want, "{what}");
+            let lifts = matches!(
+                uncordon_decision(&n, false),
+                UncordonDecision::Uncordon { .. }
+            );
+            assert_eq!(lifts, ours, "{what}");
+        }
     }
 
     #[test]

@@ -167,6 +167,10 @@ pub struct DrainOptions {
     pub progress: Option<super::narrate::Progress>,
     /// When an evicted pod counts as gone.
     pub gone: Gone,
+    /// Set the moment this drain's own write cordons the node ([`CordonOutcome::Cordoned`], not
+    /// a cordon it found), for a caller that may drop the drain before its report (the agent,
+    /// when a shutdown is cancelled), if any.
+    pub cordoned: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// When an evicted pod counts as gone from its node.
@@ -221,6 +225,7 @@ impl DrainOptions {
             shutdown: false,
             progress: None,
             gone: Gone::Object,
+            cordoned: None,
         }
     }
 }
@@ -854,6 +859,9 @@ impl<'a> Drain<'a> {
             self.opts.shutdown,
         );
         if self.by_deadline(deadline, "cordon", cordon).await? == CordonOutcome::Cordoned {
+            if let Some(c) = &self.opts.cordoned {
+                c.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             self.event(
                 EventType::Normal,
                 "Cordoned",

@@ -415,9 +415,8 @@ pub fn node_view(node: &Node) -> NodeView {
         .or(status.capacity.as_ref())
         .map(|m| Resources::from_quantities(m.iter().map(|(k, v)| (k.as_str(), v.0.as_str()))))
         .unwrap_or_default();
-    let scale_down_in_progress = crate::drain::cordon::record(node)
-        .is_some_and(|r| r.reason.starts_with(super::SCALE_DOWN_REASON))
-        && spec.unschedulable.unwrap_or(false);
+    let scale_down_in_progress = crate::drain::cordon::nodeward_cordon(node)
+        .is_some_and(|r| r.reason.starts_with(super::SCALE_DOWN_REASON));
     NodeView {
         not_ready_in_time: crate::readiness::reports_not_ready_in_time(node),
         ever_ready: ever_ready(node),

@@ -1652,6 +1652,32 @@ fn scale_down_in_progress_is_resumed() {
     assert_eq!(scale_downs(&decide(&snap, t0(), &s)), ["b"]);
 }
 
+/// A scale-down is under way only while its cordon is nodeward's: a record `kubectl uncordon`
+/// left behind, under a later `kubectl cordon`, is the administrator's cordon, not a scale-down
+/// to finish by draining the node and deleting its machine.
+#[test]
+fn a_stale_scale_down_record_under_an_admin_cordon_is_no_scale_down() {
+    use serde_json::json;
+    let record = json!({"reason": format!("{} (unneeded)", crate::scaler::SCALE_DOWN_REASON),
+                        "at": "2026-01-01T00:00:00Z"})
+    .to_string();
+    let node = |manager: &str| -> k8s_openapi::api::core::v1::Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "b", "annotations": {crate::names::CORDONED_BY: record},
+                "managedFields": [{"manager": manager, "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:unschedulable": {}}}}]},
+            "spec": {"unschedulable": true},
+        }))
+        .expect("node")
+    };
+    let in_progress = |m| crate::scaler::model::node_view(&node(m)).scale_down_in_progress;
+    assert!(
+        in_progress(crate::names::FIELD_MANAGER),
+        "nodeward's own cordon"
+    );
+    assert!(!in_progress("kubectl-cordon"), "an administrator's cordon");
+}
+
 /// An operator who opts a node out while its scale-down is under way (a restart, a new leader,
 /// a drain that failed and is retried) gets it back: the scale-down is cancelled, not resumed.
 #[test]

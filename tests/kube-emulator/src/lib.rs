@@ -25,6 +25,7 @@ mod admin;
 pub mod control;
 pub mod error;
 mod kubelet;
+pub mod managed;
 pub mod patch;
 pub mod pdb;
 pub mod resources;
@@ -323,7 +324,7 @@ impl EmulatorHandle {
                 }
                 Ok(self
                     .store()
-                    .update(res, &ns, &name, body, false, false)?
+                    .update(res, &ns, &name, body, false, None, false)?
                     .value
                     .clone())
             }

@@ -552,6 +552,22 @@ fn content_type(req: &Request<Incoming>) -> String {
         .to_ascii_lowercase()
 }
 
+/// The field manager of an update: `fieldManager`, else what kube-apiserver derives from the
+/// User-Agent.
+fn update_manager(req: &Request<Incoming>, query: &Query) -> String {
+    match query.get("fieldManager").filter(|m| !m.is_empty()) {
+        Some(m) => m.to_string(),
+        None => {
+            let agent = req
+                .headers()
+                .get(USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            crate::managed::manager_from_user_agent(agent).to_string()
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn resource_request(
     shared: &Arc<Shared>,
@@ -569,6 +585,7 @@ async fn resource_request(
     let dry_run = query.get("dryRun").is_some_and(|v| !v.is_empty());
     let table = accepts_table(&req);
     let status_only = sub.as_deref() == Some("status");
+    let manager = update_manager(&req, query);
     if def.namespaced && ns.is_none() && !matches!(method, Method::GET | Method::DELETE) {
         return Err(ApiError::method_not_allowed(method.as_str()));
     }
@@ -621,7 +638,8 @@ async fn resource_request(
             let ct = content_type(&req);
             let body = read_body(req.into_body()).await?;
             let obj = parse_object(&body, &ct)?;
-            let updated = store.update(res, &ns_key, &n, obj, status_only, dry_run)?;
+            let updated =
+                store.update(res, &ns_key, &n, obj, status_only, Some(&manager), dry_run)?;
             Ok(bytes_response(200, updated.bytes.clone()))
         }
         (Method::PATCH, Some(n)) => {
@@ -640,7 +658,12 @@ async fn resource_request(
                 kind,
                 &body,
                 status_only,
-                query.get("fieldManager"),
+                // Server-side apply requires a named manager; an update defaults to one.
+                if kind == PatchType::Apply {
+                    query.get("fieldManager")
+                } else {
+                    Some(&manager)
+                },
                 dry_run,
             )?;
             Ok(bytes_response(

@@ -24,6 +24,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::managed;
 use crate::patch::{self, PatchError};
 use crate::pdb;
 use crate::resources::{NAMESPACES, NODES, PDBS, PODS, RESOURCES, ResId, ResourceDef};
@@ -669,7 +670,8 @@ impl Store {
         self.lock().create(res, ns, body, false, true)
     }
 
-    /// Replaces an object (PUT), or its status (`status_only`).
+    /// Replaces an object (PUT), or its status (`status_only`), as the field manager `manager`.
+    #[allow(clippy::too_many_arguments)]
     pub fn update(
         &self,
         res: ResId,
@@ -677,10 +679,11 @@ impl Store {
         name: &str,
         body: Value,
         status_only: bool,
+        manager: Option<&str>,
         dry_run: bool,
     ) -> Result<Arc<Obj>, ApiError> {
         self.lock()
-            .update(res, ns, name, body, status_only, dry_run)
+            .update(res, ns, name, body, status_only, manager, dry_run)
     }
 
     /// Patches an object; the flag tells whether server-side apply created it.
@@ -725,7 +728,7 @@ impl Store {
             .ok_or_else(|| ApiError::not_found(&RESOURCES[res], name))?;
         let mut new = old.value.clone();
         f(&mut new);
-        st.commit_update(res, key, &old, new, false)
+        st.commit_update(res, key, &old, new, None, false)
     }
 
     /// Deletes an object.
@@ -1335,6 +1338,7 @@ impl State {
         Ok(stored)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn update(
         &mut self,
         res: ResId,
@@ -1342,6 +1346,7 @@ impl State {
         name: &str,
         body: Value,
         status_only: bool,
+        manager: Option<&str>,
         dry_run: bool,
     ) -> Result<Arc<Obj>, ApiError> {
         let def = Self::def(res);
@@ -1375,7 +1380,7 @@ impl State {
             .ok_or_else(|| ApiError::not_found(def, name))?;
         Self::check_preconditions(def, name, &old, &body)?;
         let new = Self::merge_for_update(def, &old.value, body, status_only);
-        self.commit_update(res, key, &old, new, dry_run)
+        self.commit_update(res, key, &old, new, manager, dry_run)
     }
 
     fn check_preconditions(
@@ -1464,17 +1469,23 @@ impl State {
         new
     }
 
-    /// Writes an updated object unless nothing changed; completes deletions that were waiting on
-    /// finalizers; keeps generation and derived state.
+    /// Writes an updated object, by the field manager `manager`, unless nothing changed;
+    /// completes deletions that were waiting on finalizers; keeps generation and derived state,
+    /// and a Node's owner of `spec.unschedulable` ([`managed`]).
     fn commit_update(
         &mut self,
         res: ResId,
         key: Key,
         old: &Arc<Obj>,
         mut new: Value,
+        manager: Option<&str>,
         dry_run: bool,
     ) -> Result<Arc<Obj>, ApiError> {
         let def = Self::def(res);
+        if res == NODES {
+            let now = pdb::timestamp(Utc::now());
+            managed::track_unschedulable(&old.value, &mut new, manager, &now);
+        }
         if def.tracks_generation && new.get("spec") != old.value.get("spec") {
             let generation = old
                 .value
@@ -1588,7 +1599,7 @@ impl State {
         }
         Self::check_preconditions(def, name, &old, &new)?;
         let new = Self::merge_for_update(def, &old.value, new, status_only);
-        let obj = self.commit_update(res, key, &old, new, dry_run)?;
+        let obj = self.commit_update(res, key, &old, new, field_manager, dry_run)?;
         Ok((obj, false))
     }
 
@@ -1943,12 +1954,12 @@ mod tests {
         body["metadata"]["labels"] = json!({"x": "1"});
         body["status"]["phase"] = json!("Running");
         let u = s
-            .update(PODS, "default", "a", body.clone(), false, false)
+            .update(PODS, "default", "a", body.clone(), false, None, false)
             .expect("updated");
         assert_eq!(u.value["status"]["phase"], "Pending");
         assert_eq!(u.value["metadata"]["generation"], 1);
         let e = s
-            .update(PODS, "default", "a", body, false, false)
+            .update(PODS, "default", "a", body, false, None, false)
             .expect_err("stale");
         assert_eq!((e.code, e.reason), (409, "Conflict"));
     }

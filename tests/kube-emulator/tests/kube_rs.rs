@@ -475,3 +475,83 @@ async fn streaming_list_watcher_gets_initial_events_end() {
     assert_eq!(emu.count_requests("list", "pods", ""), 0);
     emu.shutdown().await;
 }
+
+/// The owner of a Node's `spec.unschedulable` is in managedFields, as kube-apiserver keeps it
+/// for an update: whoever last changed the field owns it (`fieldManager`, else the
+/// User-Agent's product), and removing it leaves no owner. nodeward reads it to tell its own
+/// cordon from a `kubectl cordon` over its stale record.
+#[tokio::test]
+async fn managed_fields_follow_the_owner_of_unschedulable() {
+    use k8s_openapi::api::core::v1::Node;
+    let emu = start(EmulatorOptions::default()).await;
+    emu.seed_node("n").expect("node");
+    let nodes: Api<Node> = Api::all(client(&emu, false).await);
+    let owners = |n: &Node| -> Vec<String> {
+        n.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|e| {
+                e.fields_v1
+                    .as_ref()
+                    .and_then(|f| f.0.pointer("/f:spec/f:unschedulable"))
+                    .is_some()
+            })
+            .filter_map(|e| e.manager.clone())
+            .collect()
+    };
+    let set = |manager: &str, v: serde_json::Value| {
+        let pp = PatchParams {
+            field_manager: Some(manager.into()),
+            ..PatchParams::default()
+        };
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .patch(
+                    "n",
+                    &pp,
+                    &Patch::Strategic(json!({"spec": {"unschedulable": v}})),
+                )
+                .await
+                .expect("patch")
+        }
+    };
+    let n = set("nodeward", json!(true)).await;
+    assert_eq!(owners(&n), ["nodeward"]);
+    let entry = n
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .find(|e| e.manager.as_deref() == Some("nodeward"))
+        .expect("entry");
+    assert_eq!(entry.operation.as_deref(), Some("Update"));
+    assert!(entry.time.is_some());
+    assert_eq!(
+        owners(&set("kubectl-cordon", json!(true)).await),
+        ["nodeward"],
+        "unchanged: ownership stays"
+    );
+    assert!(
+        owners(&set("kubectl-cordon", json!(null)).await).is_empty(),
+        "removed: no owner"
+    );
+    assert_eq!(
+        owners(&set("kubectl-cordon", json!(true)).await),
+        ["kubectl-cordon"]
+    );
+    let other = nodes
+        .patch(
+            "n",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .expect("label");
+    assert_eq!(
+        owners(&other),
+        ["kubectl-cordon"],
+        "a write of another field moves nothing"
+    );
+}
