@@ -751,7 +751,9 @@ mod tests {
         let cordoned = (now - jiff::SignedDuration::from_secs(90)).to_string();
         let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "n", "annotations": {crate::drain::cordon::CORDONED_BY:
-                serde_json::json!({"reason": "shutdown", "at": cordoned, "shutdown": true}).to_string()}},
+                serde_json::json!({"reason": "shutdown", "at": cordoned, "shutdown": true}).to_string()},
+                "managedFields": [{"manager": crate::names::FIELD_MANAGER, "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:unschedulable": {}}}}]},
             "spec": {"unschedulable": true}
         }))
         .expect("node");
