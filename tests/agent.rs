@@ -779,18 +779,7 @@ async fn logind_a_cancelled_shutdown_keeps_the_operators_cordon() {
     let (h, emu, agent) = holding_the_lock(CAP, 0, "5s").await;
     agent.write_flannel();
     wait_node(&emu, "schedulable", schedulable).await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
-        .arg("drain")
-        .arg("--config")
-        .arg(agent.config_file())
-        .output()
-        .await
-        .expect("nodeward drain");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    operators_drain(&agent).await;
     h.power_off().await.expect("PowerOff");
     h.wait_for_unit_started("poweroff.target", SOON)
         .await
@@ -1152,18 +1141,7 @@ async fn execstop_drain_drains_and_the_agent_keeps_the_cordon() {
     });
     agent.write_flannel();
     wait_node(&emu, "schedulable", schedulable).await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
-        .arg("drain")
-        .arg("--config")
-        .arg(agent.config_file())
-        .output()
-        .await
-        .expect("nodeward drain");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    operators_drain(&agent).await;
     assert_eq!(pods_on_node(&emu), ["kube-flannel-ds-abcde"]);
     agent
         .wait_status("agent sees the operator's cordon", |s| {
@@ -1581,4 +1559,20 @@ async fn logind_api_unreachable_at_start_ready_with_the_lock_and_quiet() {
         distinct.len()
     );
     h.shutdown().await;
+}
+
+/// An operator's `nodeward drain` with the agent's config, which must succeed.
+async fn operators_drain(agent: &AgentProc) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .arg("drain")
+        .arg("--config")
+        .arg(agent.config_file())
+        .output()
+        .await
+        .expect("nodeward drain");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -138,6 +138,26 @@ fn scaler_settings(
     settings
 }
 
+/// What an end-to-end scaler test starts with: the scaler's log in the test's output (it runs
+/// in this process), the admin's client, a Cherry emulator and a scratch directory.
+async fn scaler_test_start(
+    cluster: &Cluster,
+) -> (
+    kube::Client,
+    std::sync::Arc<CherryEmulator>,
+    tempfile::TempDir,
+) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info,kube=warn")
+        .with_test_writer()
+        .try_init();
+    (
+        cluster.admin().await,
+        common::cherry_emulator(API_TOKEN).await,
+        tempfile::tempdir().expect("tempdir"),
+    )
+}
+
 /// Runs the scaler in this process until the sender is used (its log in the test's output).
 fn run_scaler(
     scaler: nodeward::scaler::run::Scaler<nodeward::scaler::provider::AnyProvider>,
@@ -158,14 +178,7 @@ fn run_scaler(
 }
 
 async fn scale_up_and_down(cluster: Cluster) {
-    // The scaler runs in this process: its log goes to the test's output.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("info,kube=warn")
-        .with_test_writer()
-        .try_init();
-    let admin = cluster.admin().await;
-    let cherry = common::cherry_emulator(API_TOKEN).await;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (admin, cherry, dir) = scaler_test_start(&cluster).await;
     let group_name = unique("g").replace('-', "");
     let group = common::scaler_group(&group_name, 4);
     let mut settings = scaler_settings(&cherry, &dir.path().join("values.toml"), group);
@@ -390,13 +403,7 @@ async fn scale_up_and_down(cluster: Cluster) {
 /// controller (`--mode continuous`) puts the startup taint back. The scaler must not read that
 /// as a node that never came up: its machine stays, and the node comes back (issue 41).
 async fn rebooting_node_keeps_its_machine(cluster: Cluster) {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("info,kube=warn")
-        .with_test_writer()
-        .try_init();
-    let admin = cluster.admin().await;
-    let cherry = common::cherry_emulator(API_TOKEN).await;
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (admin, cherry, dir) = scaler_test_start(&cluster).await;
     let group_name = unique("rb").replace('-', "");
     let mut group = common::scaler_group(&group_name, 2);
     group.min = 1;
