@@ -40,6 +40,10 @@ impl Agent {
                 self.known
                     .phase_to(&self.node, PhaseEvent::ShutdownCancelled);
                 self.known.shutdown_started = None;
+                if let Some(stop) = self.report.drain_stop.take() {
+                    // The drain ends through its ending steps; the loop keeps polling it.
+                    stop.send_replace(true);
+                }
                 self.rearm_drain_unit();
                 if self.known.lock != Lock::Held {
                     self.take_lock().await;
@@ -81,6 +85,9 @@ impl Agent {
         let (progress, watching) = tokio::sync::watch::channel(None);
         opts.progress = Some(std::sync::Arc::new(progress));
         self.report.drain_progress = Some(watching);
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        opts.stop = Some(stopping);
+        self.report.drain_stop = Some(stop);
         let until = now + deadline;
         Some(match policy {
             ShutdownPolicy::Nothing => {
@@ -96,11 +103,7 @@ impl Agent {
             ShutdownPolicy::Drain => Box::pin(async move {
                 retry_until(&node, until, "drain", |left| {
                     let mut o = opts.clone();
-                    o.timeout = if left > DRAIN_REPORT_SLACK * 2 {
-                        left - DRAIN_REPORT_SLACK
-                    } else {
-                        left
-                    };
+                    (o.timeout, o.ending) = drain_budget(left);
                     let client = client.clone();
                     let node = node.clone();
                     async move { crate::drain::drain(&client, &node, &o).await }
@@ -192,7 +195,7 @@ impl Agent {
         );
         self.known.phase_to(&self.node, PhaseEvent::DrainEnded);
         self.known.last_drain = Some(summary);
-        self.report.drain_progress = None;
+        (self.report.drain_progress, self.report.drain_stop) = (None, None);
         if self.known.lock == Lock::Held {
             self.known.lock_to(LockEvent::ReleasedForShutdown);
         }
@@ -201,6 +204,25 @@ impl Agent {
         self.publish();
         // Closing the fd is what lets logind go on.
         drop(self.logind.lock_fd.take());
+    }
+
+    /// The drain of a cancelled shutdown has stopped (`None`: not within
+    /// [`CANCELLED_DRAIN_WAIT`], dropped): the lock stays, and the Node is reconciled again, now
+    /// that the drain no longer cordons it.
+    pub(super) async fn cancelled_drain_ended(&mut self, summary: Option<DrainSummary>) {
+        match &summary {
+            Some(s) => {
+                info!(node = %self.node, outcome = %s.outcome, evicted = s.evicted, "the cancelled shutdown's drain stopped")
+            }
+            None => {
+                warn!(node = %self.node, "the cancelled shutdown's drain did not stop in {CANCELLED_DRAIN_WAIT:?}; dropped, its Draining condition may stay")
+            }
+        }
+        if summary.is_some() {
+            self.known.last_drain = summary;
+        }
+        self.report.drain_progress = None;
+        self.reconcile().await;
     }
 }
 
