@@ -18,7 +18,7 @@ use super::{
 };
 use crate::drain::explain::Progress;
 use crate::gate::watch::{self as gwatch, FileWatcher, HttpClient};
-use crate::logind::LogindEvent;
+use crate::logind::Heard;
 
 /// Everything the agent's loop waits on besides the timers it keeps in its own state.
 pub(super) struct Sources {
@@ -36,7 +36,7 @@ pub(super) struct Sources {
     access_retry_at: Option<Instant>,
     node_events: Option<WatchStream<Node>>,
     pod_events: Option<WatchStream<Pod>>,
-    logind_events: Option<BoxStream<'static, LogindEvent>>,
+    logind_events: Option<BoxStream<'static, Heard>>,
     http_client: HttpClient,
     http_tick: Interval,
     probe: Option<ProbeFuture>,
@@ -239,14 +239,14 @@ impl Agent {
     }
 
     /// A logind signal (a shutdown starts or is cancelled), or the bus gone (`None`).
-    async fn on_logind_event(&mut self, ev: Option<LogindEvent>, src: &mut Sources) {
+    async fn on_logind_event(&mut self, ev: Option<Heard>, src: &mut Sources) {
         let Some(ev) = ev else {
             warn!("lost the D-Bus connection; reconnecting");
             self.logind.lost();
             src.logind_events = None;
             return;
         };
-        if let Some(d) = self.on_logind(ev).await {
+        if let Some(d) = self.on_logind(ev.event, ev.at).await {
             (src.drain, src.drain_cancelled_by) = (Some(d), None);
             src.progress.clone_from(&self.report.drain_progress);
             // The drain unit's ExecStop waits for the outcome in the status file, which must

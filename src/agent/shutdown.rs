@@ -5,7 +5,8 @@ use super::*;
 use crate::systemd::{DRAIN_UNIT, Systemd};
 
 impl Agent {
-    pub(super) async fn on_logind(&mut self, ev: LogindEvent) -> Option<DrainFuture> {
+    /// What logind said at `at` (when the signal arrived).
+    pub(super) async fn on_logind(&mut self, ev: LogindEvent, at: Instant) -> Option<DrainFuture> {
         match ev {
             LogindEvent::LogindVanished => {
                 warn!(
@@ -30,7 +31,7 @@ impl Agent {
                     (None, Some(l)) => l.preparing_kind().await,
                     (None, None) => ShutdownKind::Unknown,
                 };
-                self.start_shutdown(kind)
+                self.start_shutdown(kind, at)
             }
             LogindEvent::PrepareForShutdown { start: false, .. } => {
                 if self.known.wants_lock() {
@@ -54,7 +55,12 @@ impl Agent {
         }
     }
 
-    pub(super) fn start_shutdown(&mut self, kind: ShutdownKind) -> Option<DrainFuture> {
+    /// Starts the shutdown logind announced at `announced`, from which its deadline runs.
+    pub(super) fn start_shutdown(
+        &mut self,
+        kind: ShutdownKind,
+        announced: Instant,
+    ) -> Option<DrainFuture> {
         let s = self.settings.clone();
         let policy = logind::policy_for(kind, &s.shutdown);
         let cap = self.known.cap.unwrap_or(s.drain.timeout);
@@ -64,10 +70,11 @@ impl Agent {
             return None;
         }
         self.known.own_cordon = policy != ShutdownPolicy::Nothing;
-        let now = Instant::now();
         self.known.shutdown_started = Some(ShutdownStart {
-            at: now,
-            at_wall: jiff::Timestamp::now(),
+            at: announced,
+            at_wall: jiff::Timestamp::now()
+                .checked_sub(announced.elapsed())
+                .unwrap_or_else(|_| jiff::Timestamp::now()),
             kind,
             policy,
             deadline,
@@ -88,7 +95,7 @@ impl Agent {
         let (stop, stopping) = tokio::sync::watch::channel(false);
         opts.stop = Some(stopping);
         self.report.drain_stop = Some(stop);
-        let until = now + deadline;
+        let until = announced + deadline;
         Some(match policy {
             ShutdownPolicy::Nothing => {
                 Box::pin(async move { outcome(ShutdownOutcome::NothingToDo) })
