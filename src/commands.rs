@@ -348,7 +348,10 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
     Ok(match report.outcome {
         crate::drain::DrainOutcome::Drained => EXIT_OK,
         crate::drain::DrainOutcome::Refused => EXIT_REFUSED,
-        crate::drain::DrainOutcome::DeadlineExceeded => EXIT_DEADLINE,
+        // `nodeward drain` gives its drain no stop signal: it never ends cancelled.
+        crate::drain::DrainOutcome::DeadlineExceeded | crate::drain::DrainOutcome::Cancelled => {
+            EXIT_DEADLINE
+        }
     })
 }
 

@@ -567,6 +567,55 @@ async fn deadline_abandon_reports_what_is_left() {
     );
 }
 
+/// A drain told to stop (its shutdown cancelled) ends at once as cancelled, through its ending:
+/// an Event and the Node's `nodeward.io/Draining` turned False saying it was cancelled.
+#[tokio::test]
+async fn a_stopped_drain_ends_cancelled_and_says_so() {
+    let emu = emulator().await;
+    emu.seed_pod(web("web-0")).expect("pod");
+    pdb(&emu, "web", "web", json!({"minAvailable": "100%"}));
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let mut o = options(Duration::from_secs(60));
+    o.stop = Some(stopping);
+    let c = client(&emu).await;
+    let run = tokio::spawn(async move { drain::drain(&c, NODE, &o).await });
+    let blocked_by = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !emu
+        .evictions()
+        .iter()
+        .any(|e| matches!(e.outcome, EvictionOutcome::Blocked { .. }))
+    {
+        assert!(tokio::time::Instant::now() < blocked_by, "never blocked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send_replace(true);
+    let report = tokio::time::timeout(Duration::from_secs(3), run)
+        .await
+        .expect("stops at once")
+        .expect("drain task")
+        .expect("drain");
+    assert_eq!(report.outcome, DrainOutcome::Cancelled, "{report}");
+    assert_eq!(pods_on(&emu, NODE), ["web-0"]);
+    assert!(
+        event_reasons(&emu).iter().any(|r| r == "DrainCancelled"),
+        "DrainCancelled event missing"
+    );
+    let node = emu.get("nodes", None, NODE).expect("node");
+    let draining = node
+        .pointer("/status/conditions")
+        .and_then(|c| c.as_array())
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.get("type") == Some(&json!("nodeward.io/Draining")))
+        })
+        .cloned();
+    assert_eq!(
+        draining.as_ref().map(|c| (&c["status"], &c["reason"])),
+        Some((&json!("False"), &json!("DrainCancelled"))),
+        "{draining:?}"
+    );
+}
+
 #[tokio::test]
 async fn deadline_delete_removes_pods_past_their_budget() {
     let emu = emulator().await;

@@ -12,13 +12,13 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tracing::{info, warn};
 
 use super::{
-    ACCESS_RECHECK, AccessFuture, Agent, DrainFuture, Error, FAR_FUTURE, KUBELET_LOCK_RECHECK,
-    Phase, ProbeFuture, READY_WITHOUT_API_AFTER, WatchStream, changed_or_pending, next_or_pending,
-    notify, sleep_until_opt,
+    ACCESS_RECHECK, AccessFuture, Agent, CANCELLED_DRAIN_WAIT, DrainFuture, Error, FAR_FUTURE,
+    KUBELET_LOCK_RECHECK, Phase, ProbeFuture, READY_WITHOUT_API_AFTER, WatchStream,
+    changed_or_pending, next_or_pending, notify, sleep_until_opt,
 };
 use crate::drain::explain::Progress;
 use crate::gate::watch::{self as gwatch, FileWatcher, HttpClient};
-use crate::logind::LogindEvent;
+use crate::logind::Heard;
 
 /// Everything the agent's loop waits on besides the timers it keeps in its own state.
 pub(super) struct Sources {
@@ -36,7 +36,7 @@ pub(super) struct Sources {
     access_retry_at: Option<Instant>,
     node_events: Option<WatchStream<Node>>,
     pod_events: Option<WatchStream<Pod>>,
-    logind_events: Option<BoxStream<'static, LogindEvent>>,
+    logind_events: Option<BoxStream<'static, Heard>>,
     http_client: HttpClient,
     http_tick: Interval,
     probe: Option<ProbeFuture>,
@@ -44,6 +44,9 @@ pub(super) struct Sources {
     watchdog: Option<std::time::Duration>,
     watchdog_tick: Interval,
     drain: Option<DrainFuture>,
+    /// The shutdown the drain is for was cancelled: it is stopping, and is dropped if it has not
+    /// stopped by then.
+    drain_cancelled_by: Option<Instant>,
     /// The running drain's word on what it waits on: the status file follows it.
     progress: Option<tokio::sync::watch::Receiver<Option<Progress>>>,
     /// When the agent tells systemd READY even without an answer from the API server.
@@ -129,6 +132,7 @@ impl Agent {
                 watchdog.map_or(std::time::Duration::MAX, |d| d / 2),
             ),
             drain: None,
+            drain_cancelled_by: None,
             progress: None,
             ready_anyway_at: self.known.started + READY_WITHOUT_API_AFTER,
             // A deadline too far to represent (a config of years) is as good as none.
@@ -172,7 +176,14 @@ impl Agent {
                 Some(ev) = next_or_pending(&mut src.pod_events) => self.on_pod_event(ev).await,
                 summary = future_or_pending(&mut src.drain) => {
                     (src.drain, src.progress) = (None, None);
-                    self.drain_ended(summary);
+                    match src.drain_cancelled_by.take() {
+                        Some(_) => self.cancelled_drain_ended(Some(summary)).await,
+                        None => self.drain_ended(summary),
+                    }
+                }
+                _ = sleep_until_opt(src.drain_cancelled_by) => {
+                    (src.drain, src.progress, src.drain_cancelled_by) = (None, None, None);
+                    self.cancelled_drain_ended(None).await;
                 }
                 Ok(()) = changed_or_pending(&mut src.progress) => {}
                 answer = future_or_pending(&mut src.access_check) => {
@@ -228,24 +239,28 @@ impl Agent {
     }
 
     /// A logind signal (a shutdown starts or is cancelled), or the bus gone (`None`).
-    async fn on_logind_event(&mut self, ev: Option<LogindEvent>, src: &mut Sources) {
+    async fn on_logind_event(&mut self, ev: Option<Heard>, src: &mut Sources) {
         let Some(ev) = ev else {
             warn!("lost the D-Bus connection; reconnecting");
             self.logind.lost();
             src.logind_events = None;
             return;
         };
-        if let Some(d) = self.on_logind(ev).await {
-            src.drain = Some(d);
+        if let Some(d) = self.on_logind(ev.event, ev.at).await {
+            (src.drain, src.drain_cancelled_by) = (Some(d), None);
             src.progress.clone_from(&self.report.drain_progress);
             // The drain unit's ExecStop waits for the outcome in the status file, which must
             // say "draining" before the unit is stopped.
             self.publish();
             self.stop_drain_unit();
         }
-        if matches!(self.known.phase, Phase::Gated | Phase::Ready) && src.drain.is_some() {
-            // A cancelled shutdown: stop draining.
-            src.drain = None;
+        if matches!(self.known.phase, Phase::Gated | Phase::Ready)
+            && src.drain.is_some()
+            && src.drain_cancelled_by.is_none()
+        {
+            // A cancelled shutdown: its drain was told to stop, and ends through its ending
+            // steps (the Node told, surge replicas given back), bounded.
+            src.drain_cancelled_by = Some(Instant::now() + CANCELLED_DRAIN_WAIT);
         }
     }
 

@@ -5,7 +5,7 @@
 use super::*;
 
 impl Agent {
-    pub(super) async fn connect_logind(&mut self) -> Option<BoxStream<'static, LogindEvent>> {
+    pub(super) async fn connect_logind(&mut self) -> Option<BoxStream<'static, logind::Heard>> {
         let conn = match Logind::connect().await {
             Ok(c) => c,
             Err(e) => {

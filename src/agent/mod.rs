@@ -102,6 +102,26 @@ const KUBECONFIG_RETRY_MAX: Duration = Duration::from_secs(30);
 /// The drain engine's own deadline ends this much before the lock's, so its report (pods left
 /// behind, the DrainTimedOut Event) is in hand before the lock must go.
 const DRAIN_REPORT_SLACK: Duration = Duration::from_millis(250);
+/// The drain engine's budget when `left` remains before the lock must go: (its timeout, its
+/// ending). The engine runs its loop for the timeout, then its ending (surge replicas given back,
+/// the end Event and Draining condition); both, and the report's slack, fit in `left`.
+/// A short deadline gives the ending a quarter of it: the give-back and the announcement are
+/// cut short rather than the drain itself.
+fn drain_budget(left: Duration) -> (Duration, Duration) {
+    let ending = crate::drain::exec::ENDING.min(left / 4);
+    let engine = left - ending;
+    let timeout = if engine > DRAIN_REPORT_SLACK * 2 {
+        engine - DRAIN_REPORT_SLACK
+    } else {
+        engine
+    };
+    (timeout, ending)
+}
+
+/// How long a cancelled shutdown's drain may take to stop and say so: its ending, at most
+/// [`crate::drain::exec::ENDING`], and a second for a step in flight.
+const CANCELLED_DRAIN_WAIT: Duration =
+    crate::drain::exec::ENDING.saturating_add(Duration::from_secs(1));
 /// A failed drain attempt during a shutdown (API unreachable) is retried after this, until the
 /// deadline: the API may come back while logind still waits.
 const DRAIN_RETRY: Duration = Duration::from_millis(500);
@@ -383,6 +403,9 @@ struct Report {
     metrics: std::sync::Arc<metrics::AgentMetrics>,
     /// What the running shutdown drain waits on, as it says it (for the status file).
     drain_progress: Option<tokio::sync::watch::Receiver<Option<crate::drain::explain::Progress>>>,
+    /// Stops the running shutdown drain (its [`crate::drain::DrainOptions::stop`]) when the
+    /// shutdown is cancelled.
+    drain_stop: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Agent {
@@ -402,6 +425,7 @@ impl Agent {
                 last_status_line: String::new(),
                 metrics: std::sync::Arc::default(),
                 drain_progress: None,
+                drain_stop: None,
             },
             settings,
             node,
@@ -775,6 +799,37 @@ mod tests {
         assert!(
             super::userspace_since_boot(Duration::from_secs(1))
                 .is_some_and(|d| d >= Duration::from_secs(1))
+        );
+    }
+
+    /// Issue 41, defect 9: the engine's ending (surges given back, the Node told how the drain
+    /// ended) must fit before the lock goes, not be cut by the agent's hard timeout.
+    #[test]
+    fn drain_budget_leaves_the_ending_room_before_the_lock_goes() {
+        let ms = Duration::from_millis;
+        for left in [
+            ms(0),
+            ms(400),
+            ms(1_000),
+            ms(5_000),
+            ms(60_000),
+            ms(600_000),
+        ] {
+            let (timeout, ending) = super::drain_budget(left);
+            assert!(
+                timeout + ending <= left,
+                "{left:?}: {timeout:?} + {ending:?}"
+            );
+            if left >= ms(1_000) {
+                let asked = crate::drain::exec::ENDING;
+                assert!(ending >= asked.min(left / 8), "{left:?}: ending {ending:?}");
+                assert!(timeout >= left / 2, "{left:?}: timeout {timeout:?}");
+            }
+        }
+        // A long deadline gives the ending everything it asks for, and no more.
+        assert_eq!(
+            super::drain_budget(ms(600_000)).1,
+            crate::drain::exec::ENDING
         );
     }
 

@@ -5,7 +5,8 @@ use super::*;
 use crate::systemd::{DRAIN_UNIT, Systemd};
 
 impl Agent {
-    pub(super) async fn on_logind(&mut self, ev: LogindEvent) -> Option<DrainFuture> {
+    /// What logind said at `at` (when the signal arrived).
+    pub(super) async fn on_logind(&mut self, ev: LogindEvent, at: Instant) -> Option<DrainFuture> {
         match ev {
             LogindEvent::LogindVanished => {
                 warn!(
@@ -30,7 +31,7 @@ impl Agent {
                     (None, Some(l)) => l.preparing_kind().await,
                     (None, None) => ShutdownKind::Unknown,
                 };
-                self.start_shutdown(kind)
+                self.start_shutdown(kind, at)
             }
             LogindEvent::PrepareForShutdown { start: false, .. } => {
                 if self.known.wants_lock() {
@@ -40,6 +41,10 @@ impl Agent {
                 self.known
                     .phase_to(&self.node, PhaseEvent::ShutdownCancelled);
                 self.known.shutdown_started = None;
+                if let Some(stop) = self.report.drain_stop.take() {
+                    // The drain ends through its ending steps; the loop keeps polling it.
+                    stop.send_replace(true);
+                }
                 self.rearm_drain_unit();
                 if self.known.lock != Lock::Held {
                     self.take_lock().await;
@@ -50,7 +55,12 @@ impl Agent {
         }
     }
 
-    pub(super) fn start_shutdown(&mut self, kind: ShutdownKind) -> Option<DrainFuture> {
+    /// Starts the shutdown logind announced at `announced`, from which its deadline runs.
+    pub(super) fn start_shutdown(
+        &mut self,
+        kind: ShutdownKind,
+        announced: Instant,
+    ) -> Option<DrainFuture> {
         let s = self.settings.clone();
         let policy = logind::policy_for(kind, &s.shutdown);
         let cap = self.known.cap.unwrap_or(s.drain.timeout);
@@ -59,10 +69,11 @@ impl Agent {
         if !self.known.phase_to(&self.node, PhaseEvent::ShutdownStarted) {
             return None;
         }
-        let now = Instant::now();
         self.known.shutdown_started = Some(ShutdownStart {
-            at: now,
-            at_wall: jiff::Timestamp::now(),
+            at: announced,
+            at_wall: jiff::Timestamp::now()
+                .checked_sub(announced.elapsed())
+                .unwrap_or_else(|_| jiff::Timestamp::now()),
             kind,
             policy,
             deadline,
@@ -82,7 +93,10 @@ impl Agent {
         let (progress, watching) = tokio::sync::watch::channel(None);
         opts.progress = Some(std::sync::Arc::new(progress));
         self.report.drain_progress = Some(watching);
-        let until = now + deadline;
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        opts.stop = Some(stopping);
+        self.report.drain_stop = Some(stop);
+        let until = announced + deadline;
         Some(match policy {
             ShutdownPolicy::Nothing => {
                 Box::pin(async move { outcome(ShutdownOutcome::NothingToDo) })
@@ -102,11 +116,7 @@ impl Agent {
             ShutdownPolicy::Drain => Box::pin(async move {
                 retry_until(&node, until, "drain", |left| {
                     let mut o = opts.clone();
-                    o.timeout = if left > DRAIN_REPORT_SLACK * 2 {
-                        left - DRAIN_REPORT_SLACK
-                    } else {
-                        left
-                    };
+                    (o.timeout, o.ending) = drain_budget(left);
                     let client = client.clone();
                     let node = node.clone();
                     async move { crate::drain::drain(&client, &node, &o).await }
@@ -198,7 +208,7 @@ impl Agent {
         );
         self.known.phase_to(&self.node, PhaseEvent::DrainEnded);
         self.known.last_drain = Some(summary);
-        self.report.drain_progress = None;
+        (self.report.drain_progress, self.report.drain_stop) = (None, None);
         if self.known.lock == Lock::Held {
             self.known.lock_to(LockEvent::ReleasedForShutdown);
         }
@@ -207,6 +217,25 @@ impl Agent {
         self.publish();
         // Closing the fd is what lets logind go on.
         drop(self.logind.lock_fd.take());
+    }
+
+    /// The drain of a cancelled shutdown has stopped (`None`: not within
+    /// [`CANCELLED_DRAIN_WAIT`], dropped): the lock stays, and the Node is reconciled again, now
+    /// that the drain no longer cordons it.
+    pub(super) async fn cancelled_drain_ended(&mut self, summary: Option<DrainSummary>) {
+        match &summary {
+            Some(s) => {
+                info!(node = %self.node, outcome = %s.outcome, evicted = s.evicted, "the cancelled shutdown's drain stopped")
+            }
+            None => {
+                warn!(node = %self.node, "the cancelled shutdown's drain did not stop in {CANCELLED_DRAIN_WAIT:?}; dropped, its Draining condition may stay")
+            }
+        }
+        if summary.is_some() {
+            self.known.last_drain = summary;
+        }
+        self.report.drain_progress = None;
+        self.reconcile().await;
     }
 }
 

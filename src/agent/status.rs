@@ -90,6 +90,8 @@ pub enum ShutdownOutcome {
     Cordoned,
     /// Policy `nothing`.
     NothingToDo,
+    /// The shutdown was cancelled while it drained: the drain stopped and said so on the Node.
+    Cancelled,
     /// The Node does not exist (the machine goes down before it joined).
     NotRegistered,
     /// No kubeconfig yet (the machine goes down before `kubeadm join` wrote it).
@@ -107,6 +109,7 @@ impl From<crate::drain::DrainOutcome> for ShutdownOutcome {
             crate::drain::DrainOutcome::Drained => Self::Drained,
             crate::drain::DrainOutcome::Refused => Self::Refused,
             crate::drain::DrainOutcome::DeadlineExceeded => Self::DeadlineExceeded(None),
+            crate::drain::DrainOutcome::Cancelled => Self::Cancelled,
         }
     }
 }
@@ -118,6 +121,7 @@ impl std::fmt::Display for ShutdownOutcome {
             Self::Refused => crate::drain::DrainOutcome::Refused.fmt(f),
             Self::DeadlineExceeded(None) => crate::drain::DrainOutcome::DeadlineExceeded.fmt(f),
             Self::DeadlineExceeded(Some(e)) => write!(f, "deadline exceeded; last error: {e}"),
+            Self::Cancelled => f.write_str("stopped: the shutdown was cancelled"),
             Self::Cordoned => f.write_str("cordoned"),
             Self::NothingToDo => f.write_str("nothing to do (policy)"),
             Self::NotRegistered => f.write_str("nothing to drain: the node is not registered"),

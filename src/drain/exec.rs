@@ -171,6 +171,12 @@ pub struct DrainOptions {
     /// a cordon it found), for a caller that may drop the drain before its report (the agent,
     /// when a shutdown is cancelled), if any.
     pub cordoned: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// How long the drain's end may take once its loop is over (deadline, stop, every pod
+    /// gone): surge replicas given back, the end Event, the last `nodeward.io/Draining` write.
+    /// The drain may run this long past `timeout`.
+    pub ending: Duration,
+    /// `true` stops the drain: it ends [`DrainOutcome::Cancelled`], through the same ending.
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// When an evicted pod counts as gone from its node.
@@ -226,6 +232,8 @@ impl DrainOptions {
             progress: None,
             gone: Gone::Object,
             cordoned: None,
+            ending: ENDING,
+            stop: None,
         }
     }
 }
@@ -523,6 +531,36 @@ const BUDGET_LIST_GRACE: Duration = Duration::from_millis(250);
 /// How long a drain that ended waits for its surges' replicas to be given back.
 const GIVE_BACK_LIMIT: Duration = Duration::from_secs(10);
 
+/// How long the end Event and the last Draining condition write may take together: the
+/// condition waits [`super::narrate`]'s one second, the Event as long beside it.
+const ANNOUNCE_LIMIT: Duration = Duration::from_secs(2);
+
+/// A drain's ending when nothing shorter is asked for ([`DrainOptions::ending`]): the give-back
+/// and the announcement, each at its own limit.
+pub const ENDING: Duration = GIVE_BACK_LIMIT.saturating_add(ANNOUNCE_LIMIT);
+
+/// How `ending` is shared: (surge give-back, announcement). The announcement gets its limit
+/// first, or half of a shorter ending; the give-back what is left, up to its own limit.
+fn ending_split(ending: Duration) -> (Duration, Duration) {
+    let announce = ANNOUNCE_LIMIT.min(ending / 2);
+    (GIVE_BACK_LIMIT.min(ending - announce), announce)
+}
+
+/// Whether `stop` says stop now.
+fn stop_set(stop: Option<&tokio::sync::watch::Receiver<bool>>) -> bool {
+    stop.is_some_and(|s| *s.borrow())
+}
+
+/// Resolves when `stop` says stop; never without one, or once its sender is gone unset.
+async fn stop_requested(stop: Option<&mut tokio::sync::watch::Receiver<bool>>) {
+    if let Some(s) = stop
+        && s.wait_for(|stop| *stop).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
 /// A request's answer, fed back to the schedule.
 enum Reply {
     Evict(std::result::Result<(), kube::Error>),
@@ -729,6 +767,17 @@ impl<'a> Drain<'a> {
 
     async fn run(mut self) -> Result<DrainReport> {
         let started = Instant::now();
+        if stop_set(self.opts.stop.as_ref()) {
+            // Stopped before it began (between two attempts): nothing cordoned, nothing to say.
+            let (outcome, tally) = (DrainOutcome::Cancelled, Default::default());
+            return Ok(DrainReport::of(
+                self.node,
+                outcome,
+                tally,
+                Vec::new(),
+                Duration::ZERO,
+            ));
+        }
         let deadline = later(started, self.opts.timeout);
         self.cordon_first(deadline).await?;
         let _running = self.opts.metrics.as_deref().map(|m| m.started());
@@ -754,7 +803,11 @@ impl<'a> Drain<'a> {
         });
         let mut inflight: FuturesUnordered<Request> = FuturesUnordered::new();
         let mut surges = Surges::default();
+        let mut stop = self.opts.stop.clone();
         let outcome = loop {
+            if stop_set(stop.as_ref()) {
+                break DrainOutcome::Cancelled;
+            }
             let now = Instant::now();
             // Before the step, so that a pod the node says has left counts in this very step.
             let next_poll = self.poll_node(&mut schedule, &w.pods, &mut surges, now);
@@ -791,11 +844,29 @@ impl<'a> Drain<'a> {
                     Ok(ev) => w.daemonsets.apply(&ev),
                     Err(e) => check_watch_error(self.node, &e, "list and watch daemonsets")?,
                 },
+                () = stop_requested(stop.as_mut()) => break DrainOutcome::Cancelled,
                 _ = tokio::time::sleep_until(wake) => {}
             }
         };
-        surges.finish(self.client, GIVE_BACK_LIMIT).await;
-        let stopped = self.stopped(&w.pods);
+        Ok(self
+            .end(outcome, schedule, surges, &w.pods, started, narrator)
+            .await)
+    }
+
+    /// The drain's ending, within [`DrainOptions::ending`] whatever ended it: surge replicas
+    /// given back, then the end said on the Node.
+    async fn end(
+        &self,
+        outcome: DrainOutcome,
+        schedule: Schedule,
+        surges: Surges,
+        pods: &Mirror<Pod>,
+        started: Instant,
+        narrator: Option<Narrator>,
+    ) -> DrainReport {
+        let (give_back, announce) = ending_split(self.opts.ending);
+        surges.finish(self.client, give_back).await;
+        let stopped = self.stopped(pods);
         let report = DrainReport::of(
             self.node,
             outcome,
@@ -803,9 +874,15 @@ impl<'a> Drain<'a> {
             stopped,
             started.elapsed(),
         );
-        self.announce_end(&report, eventful, narrator).await;
+        let end = self.announce_end(&report, narrator);
+        if tokio::time::timeout(announce, end).await.is_err() {
+            warn!(
+                node = self.node,
+                "the drain's end was not said on the Node in {announce:?}"
+            );
+        }
         info!(node = self.node, summary = %report.to_string().trim_end(), "drain finished");
-        Ok(report)
+        report
     }
 
     /// Says what the drain waits on at `now`: on the Node (through the narrator, which answers
@@ -999,8 +1076,17 @@ impl<'a> Drain<'a> {
 
     /// Says how the drain ended: an Event on the Node (for a drain that had pods to move, or
     /// that ran out of time) and the Draining condition turned `False` with the same words.
-    async fn announce_end(&self, report: &DrainReport, eventful: bool, narrator: Option<Narrator>) {
+    async fn announce_end(&self, report: &DrainReport, narrator: Option<Narrator>) {
         let (type_, reason, note) = match report.outcome {
+            DrainOutcome::Cancelled => {
+                let note = format!(
+                    "stopped after {:.1}s, its shutdown cancelled: {} pods evicted, {} still on the node",
+                    report.elapsed.as_secs_f64(),
+                    report.evicted.len(),
+                    report.left_behind.len()
+                );
+                (EventType::Normal, "DrainCancelled", note)
+            }
             DrainOutcome::DeadlineExceeded => {
                 let names: Vec<String> =
                     report.left_behind.iter().map(ToString::to_string).collect();
@@ -1033,15 +1119,22 @@ impl<'a> Drain<'a> {
                 (EventType::Normal, "DrainSucceeded", note)
             }
         };
-        if eventful || report.outcome == DrainOutcome::DeadlineExceeded {
-            self.event(type_, reason, note.clone()).await;
-        }
         if let Some(m) = &self.opts.metrics {
             m.ended(report.outcome, report.elapsed.as_secs_f64());
         }
-        if let Some(n) = narrator {
-            n.finish(report.outcome, &note).await;
-        }
+        // The narrator runs for a drain that had pods to move (an eventful one).
+        let eventful = narrator.is_some();
+        let event = async {
+            if eventful || report.outcome == DrainOutcome::DeadlineExceeded {
+                self.event(type_, reason, note.clone()).await;
+            }
+        };
+        let condition = async {
+            if let Some(n) = narrator {
+                n.finish(report.outcome, &note).await;
+            }
+        };
+        tokio::join!(event, condition);
     }
 
     /// Takes a pod into the drain; what its annotations get wrong is logged and said on the pod.

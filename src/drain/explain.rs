@@ -355,6 +355,7 @@ pub fn outcome_reason(outcome: DrainOutcome) -> &'static str {
         DrainOutcome::Drained => "Drained",
         DrainOutcome::Refused => "DrainedExceptRefused",
         DrainOutcome::DeadlineExceeded => "DeadlineExceeded",
+        DrainOutcome::Cancelled => "DrainCancelled",
     }
 }
 

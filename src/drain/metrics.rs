@@ -114,6 +114,7 @@ impl DrainMetrics {
             DrainOutcome::Drained => "drained",
             DrainOutcome::Refused => "refused",
             DrainOutcome::DeadlineExceeded => "deadline_exceeded",
+            DrainOutcome::Cancelled => "cancelled",
         };
         self.duration_seconds
             .get_or_create(&label("outcome", outcome))

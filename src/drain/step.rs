@@ -48,6 +48,9 @@ pub enum DrainOutcome {
     Refused,
     /// The deadline passed with pods still on the node.
     DeadlineExceeded,
+    /// Stopped before its end ([`super::DrainOptions::stop`]): the shutdown it was for was
+    /// cancelled.
+    Cancelled,
 }
 
 impl fmt::Display for DrainOutcome {
@@ -56,6 +59,7 @@ impl fmt::Display for DrainOutcome {
             Self::Drained => "drained",
             Self::Refused => "drained except refused pods",
             Self::DeadlineExceeded => "deadline exceeded",
+            Self::Cancelled => "cancelled",
         })
     }
 }

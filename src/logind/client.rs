@@ -84,6 +84,32 @@ pub enum LogindEvent {
     LogindVanished,
 }
 
+/// A [`LogindEvent`] with when the agent's process received it: a shutdown's deadline runs from
+/// the signal's arrival, not from when a busy event loop got to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heard {
+    /// When the signal arrived.
+    pub at: tokio::time::Instant,
+    /// What it said.
+    pub event: LogindEvent,
+}
+
+/// `events`, each stamped with its arrival ([`Heard`]): a task of its own reads them as they
+/// come, whatever the agent's loop is busy with; the stream ends when `events` does.
+fn stamped(mut events: BoxStream<'static, LogindEvent>) -> BoxStream<'static, Heard> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(event) = events.next().await {
+            let at = tokio::time::Instant::now();
+            if tx.send(Heard { at, event }).is_err() {
+                // The agent dropped the stream (it reconnects): nobody listens.
+                return;
+            }
+        }
+    });
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
+}
+
 /// A connection to logind on the system bus.
 #[derive(Debug, Clone)]
 pub struct Logind {
@@ -179,7 +205,7 @@ impl Logind {
 
     /// logind's signals and its name's owner changes, as one stream. Subscribe before taking
     /// the lock so no signal is missed. The stream ends when the bus connection is lost.
-    pub async fn events(&self) -> Result<BoxStream<'static, LogindEvent>, Error> {
+    pub async fn events(&self) -> Result<BoxStream<'static, Heard>, Error> {
         let plain = self
             .manager
             .receive_prepare_for_shutdown()
@@ -222,7 +248,8 @@ impl Logind {
             });
         // zbus closes every signal stream when the socket is lost, so the merged stream ends
         // and the agent knows to reconnect.
-        Ok(futures::stream::select(futures::stream::select(with_meta, owners), plain).boxed())
+        let all = futures::stream::select(futures::stream::select(with_meta, owners), plain);
+        Ok(stamped(all.boxed()))
     }
 }
 
@@ -230,4 +257,29 @@ fn kind_of(meta: &HashMap<String, OwnedValue>) -> Option<ShutdownKind> {
     let v = meta.get("type")?;
     let s: &str = v.downcast_ref().ok()?;
     Some(ShutdownKind::from_metadata_type(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+
+    use super::{LogindEvent, stamped};
+
+    /// Item A of issue 41: a signal that waits in the stream while the event loop is busy (a
+    /// Node write in flight) keeps the time it arrived, which starts the shutdown's deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_is_stamped_when_it_arrives_not_when_it_is_read() {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let mut heard = stamped(rx.boxed());
+        let sent = tokio::time::Instant::now();
+        tx.unbounded_send(LogindEvent::LogindAppeared)
+            .expect("send");
+        // The loop is busy for a second before it reads the stream.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let h = heard.next().await.expect("event");
+        assert_eq!(h.event, LogindEvent::LogindAppeared);
+        assert_eq!(h.at, sent, "stamped {:?} late", h.at - sent);
+    }
 }

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ShutdownPolicy, ShutdownSettings};
 
-pub use client::{Error, Logind, LogindEvent};
+pub use client::{Error, Heard, Logind, LogindEvent};
 
 /// `who` of nodeward's lock, as `systemd-inhibit --list` shows it.
 pub const WHO: &str = "nodeward";
