@@ -1292,6 +1292,9 @@ fn log_answer(pod: &PodRef, answer: &Answer, matching: &[String]) {
             warn!(pod = %pod, budgets = ?matching, "more than one PodDisruptionBudget selects the pod; the Eviction API cannot evict it");
         }
         Outcome::Forbidden => warn!(pod = %pod, "missing permission: create pods/eviction"),
+        Outcome::Denied => {
+            warn!(pod = %pod, message = %answer.message, "eviction denied for this pod; refused, the drain goes on");
+        }
         Outcome::Rejected => {
             warn!(pod = %pod, code, message = %answer.message, "eviction rejected");
         }

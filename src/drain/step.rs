@@ -57,6 +57,12 @@ pub enum Refusal {
     Plan(RefuseReason),
     /// More than one budget selects it: the Eviction API cannot evict it.
     MultipleBudgets(Vec<String>),
+    /// A 403 that concerns this pod only ([`Outcome::Denied`]): an admission check, NodeRestriction
+    /// or the Eviction API's own budget checks.
+    Denied {
+        /// The API's message, naming who denied it and why.
+        message: String,
+    },
     /// The API rejected the eviction for good (a 4xx other than the ones a drain waits out).
     Rejected {
         /// HTTP status.
@@ -75,6 +81,7 @@ impl fmt::Display for Refusal {
                 "selected by more than one PodDisruptionBudget ({})",
                 b.join(", ")
             ),
+            Self::Denied { message } => write!(f, "eviction denied (403): {message}"),
             Self::Rejected { code, message } => write!(f, "eviction rejected ({code}): {message}"),
         }
     }
@@ -689,6 +696,9 @@ impl Schedule {
                 until: now + backoff(t.attempts),
             },
             Outcome::MultipleBudgets => PodState::Refused(Refusal::MultipleBudgets(matching)),
+            Outcome::Denied => PodState::Refused(Refusal::Denied {
+                message: answer.message.clone(),
+            }),
             Outcome::Rejected => PodState::Refused(Refusal::Rejected {
                 code: answer.code,
                 message: answer.message.clone(),

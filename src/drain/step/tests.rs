@@ -380,15 +380,23 @@ fn a_pod_gone_before_its_answer_frees_its_slot_and_counts_its_deletion() {
 #[test]
 fn what_each_answer_leaves_the_pod_in() {
     let t0 = Instant::now();
-    let cases: [(u16, Cause, usize, &str); 6] = [
-        (201, Cause::None, 1, "leaving"),
-        (404, Cause::None, 1, "leaving"),
-        (403, Cause::NamespaceTerminating, 1, "leaving"),
-        (500, Cause::None, 2, "refused"),
-        (422, Cause::None, 1, "refused"),
-        (403, Cause::None, 1, "forbidden"),
+    let rbac = r#"pods "a" is forbidden: User "u" cannot create resource "pods/eviction" in API group "" in the namespace "ns""#;
+    let cases: [(u16, Cause, usize, &str, &str); 7] = [
+        (201, Cause::None, 1, "m", "leaving"),
+        (404, Cause::None, 1, "m", "leaving"),
+        (403, Cause::NamespaceTerminating, 1, "m", "leaving"),
+        (500, Cause::None, 2, "m", "refused"),
+        (422, Cause::None, 1, "m", "refused"),
+        (403, Cause::None, 1, rbac, "forbidden"),
+        (
+            403,
+            Cause::None,
+            1,
+            "admission webhook \"w\" denied the request",
+            "refused",
+        ),
     ];
-    for (code, cause, budgets, want) in cases {
+    for (code, cause, budgets, message, want) in cases {
         let mut s = schedule(OnDeadline::Abandon, 10, t0);
         s.track(&pod("a", 0), &no_daemonsets);
         run(&mut s, t0, Duration::ZERO, &closed);
@@ -396,7 +404,7 @@ fn what_each_answer_leaves_the_pod_in() {
             code,
             cause,
             matching_budgets: budgets,
-            message: "m".into(),
+            message: message.into(),
         };
         let verdict = s.evict_answered("a", &a, vec!["ns/x".into(); budgets], t0);
         let state = s.get("a").map(|t| t.state.clone());
@@ -440,6 +448,48 @@ fn refused_pods_end_the_drain_as_refused_and_say_why() {
 #[test]
 fn nothing_to_do_is_drained_at_once_and_a_pod_is_tracked_once() {
     let t0 = Instant::now();
+/// Issue 41: a ValidatingAdmissionPolicy refusing one pod's eviction (reason Forbidden) ended
+/// the drain with an error, and the pods of later waves were never evicted.
+#[test]
+fn a_pod_an_admission_check_denies_is_refused_and_the_drain_goes_on() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&pod("db", 0), &no_daemonsets);
+    s.track(&pod("late", 1000), &no_daemonsets);
+    assert_eq!(evicted(&run(&mut s, t0, Duration::ZERO, &closed)), ["db"]);
+    let denial = Answer {
+        code: 403,
+        cause: Cause::None,
+        matching_budgets: 0,
+        message: r#"pods "db" is forbidden: ValidatingAdmissionPolicy 'keep-db' with binding 'keep-db' denied request: the primary database is never evicted"#.into(),
+    };
+    assert_eq!(
+        s.evict_answered("db", &denial, Vec::new(), t0),
+        Verdict::Continue,
+        "one pod's denial does not stop the drain"
+    );
+    assert_eq!(
+        evicted(&run(&mut s, t0, MS, &closed)),
+        ["late"],
+        "the next wave goes on"
+    );
+    s.evict_answered("late", &answer(201, Cause::None), Vec::new(), t0 + MS);
+    s.gone("late");
+    assert_eq!(
+        run(&mut s, t0, 2 * MS, &closed),
+        Step::Done(DrainOutcome::Refused)
+    );
+    let tally = s.finish();
+    assert_eq!(tally.evicted.len(), 1);
+    let (refused, why) = &tally.refused[0];
+    assert_eq!(refused.name, "db");
+    assert!(
+        why.to_string()
+            .contains("ValidatingAdmissionPolicy 'keep-db'"),
+        "{why}"
+    );
+}
+
     let mut s = schedule(OnDeadline::Abandon, 10, t0);
     assert!(s.is_empty());
     assert_eq!(
