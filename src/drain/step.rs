@@ -745,7 +745,10 @@ impl Schedule {
             ..Tally::default()
         };
         for t in self.pods.into_values() {
+            let deleted = tally.force_deleted.iter().any(|p| p.uid == t.pod.uid);
             match t.state {
+                // Counted once, apart: it went past its budget, not through it.
+                PodState::Gone if deleted => {}
                 PodState::Gone => tally.evicted.push(t.pod),
                 PodState::Refused(why) => tally.refused.push((t.pod, why)),
                 _ => tally.left_behind.push(t.pod),
@@ -758,7 +761,7 @@ impl Schedule {
 /// What became of the pods, for the report.
 #[derive(Debug, Default)]
 pub struct Tally {
-    /// Evicted and gone.
+    /// Evicted and gone (never one of [`Self::force_deleted`]).
     pub evicted: Vec<PodRef>,
     /// Left alone, and why.
     pub skipped: Vec<(PodRef, SkipReason)>,

@@ -377,6 +377,34 @@ fn a_pod_gone_before_its_answer_frees_its_slot_and_counts_its_deletion() {
     );
 }
 
+/// Issue 41: the fallback's deletions were counted among the evictions (the DrainSucceeded Event,
+/// the agent's DrainSummary) though they bypassed the budgets.
+#[test]
+fn a_pod_deleted_past_its_budget_is_not_counted_as_evicted() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Delete, 10, t0);
+    s.track(&pod("a", 0), &no_daemonsets);
+    s.track(&pod("b", 0), &no_daemonsets);
+    run(&mut s, t0, Duration::ZERO, &closed);
+    s.evict_answered("a", &answer(201, Cause::None), vec![], t0);
+    s.evict_answered("b", &answer(429, Cause::DisruptionBudget), vec![], t0);
+    run(&mut s, t0, Duration::from_secs(9), &closed);
+    s.delete_answered("b", Deleted::Accepted);
+    gone(&mut s, &["a", "b"]);
+    assert_eq!(
+        run(&mut s, t0, Duration::from_millis(9100), &closed),
+        Step::Done(DrainOutcome::Drained)
+    );
+    let tally = s.finish();
+    let names = |pods: &[PodRef]| pods.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&tally.evicted), ["a"], "evicted through its budget");
+    assert_eq!(
+        names(&tally.force_deleted),
+        ["b"],
+        "deleted past it, and only that"
+    );
+}
+
 #[test]
 fn what_each_answer_leaves_the_pod_in() {
     let t0 = Instant::now();
@@ -424,30 +452,6 @@ fn what_each_answer_leaves_the_pod_in() {
     }
 }
 
-#[test]
-fn refused_pods_end_the_drain_as_refused_and_say_why() {
-    let t0 = Instant::now();
-    let mut s = schedule(OnDeadline::Abandon, 10, t0);
-    let mut unmanaged = pod("lonely", 0);
-    unmanaged.metadata.owner_references = None;
-    s.track(&unmanaged, &no_daemonsets);
-    assert_eq!(s.counts(), (0, 1));
-    assert_eq!(
-        run(&mut s, t0, Duration::ZERO, &closed),
-        Step::Done(DrainOutcome::Refused)
-    );
-    let tally = s.finish();
-    assert_eq!(
-        tally.refused[0].1,
-        Refusal::Plan(RefuseReason::Unmanaged),
-        "a typed reason"
-    );
-    assert!(tally.refused[0].1.to_string().contains("--force"));
-}
-
-#[test]
-fn nothing_to_do_is_drained_at_once_and_a_pod_is_tracked_once() {
-    let t0 = Instant::now();
 /// Issue 41: a ValidatingAdmissionPolicy refusing one pod's eviction (reason Forbidden) ended
 /// the drain with an error, and the pods of later waves were never evicted.
 #[test]
@@ -490,6 +494,30 @@ fn a_pod_an_admission_check_denies_is_refused_and_the_drain_goes_on() {
     );
 }
 
+#[test]
+fn refused_pods_end_the_drain_as_refused_and_say_why() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    let mut unmanaged = pod("lonely", 0);
+    unmanaged.metadata.owner_references = None;
+    s.track(&unmanaged, &no_daemonsets);
+    assert_eq!(s.counts(), (0, 1));
+    assert_eq!(
+        run(&mut s, t0, Duration::ZERO, &closed),
+        Step::Done(DrainOutcome::Refused)
+    );
+    let tally = s.finish();
+    assert_eq!(
+        tally.refused[0].1,
+        Refusal::Plan(RefuseReason::Unmanaged),
+        "a typed reason"
+    );
+    assert!(tally.refused[0].1.to_string().contains("--force"));
+}
+
+#[test]
+fn nothing_to_do_is_drained_at_once_and_a_pod_is_tracked_once() {
+    let t0 = Instant::now();
     let mut s = schedule(OnDeadline::Abandon, 10, t0);
     assert!(s.is_empty());
     assert_eq!(
