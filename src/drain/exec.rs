@@ -994,6 +994,7 @@ impl<'a> Drain<'a> {
         }
         if let Some(m) = &self.opts.metrics {
             m.ended(report.outcome, report.elapsed.as_secs_f64());
+            m.pods_ended(report);
         }
         if let Some(n) = narrator {
             n.finish(report.outcome, &note).await;
