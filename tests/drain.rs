@@ -579,7 +579,19 @@ async fn deadline_delete_removes_pods_past_their_budget() {
         .expect("drain");
     assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
     assert_eq!(report.force_deleted.len(), 1);
+    assert!(report.evicted.is_empty(), "deleted, not evicted: {report}");
     assert!(pods_on(&emu, NODE).is_empty());
+    let ended = emu
+        .list("events.events.k8s.io", Some("default"))
+        .into_iter()
+        .find(|e| e.get("reason").and_then(|r| r.as_str()) == Some("DrainSucceeded"))
+        .expect("DrainSucceeded event");
+    assert_eq!(ended["type"], "Warning", "{ended}");
+    let note = ended["note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("0 pods evicted, 1 deleted past their budgets in "),
+        "{note}"
+    );
 }
 
 #[tokio::test]
