@@ -25,6 +25,9 @@ pub const EXIT_DEADLINE: u8 = 3;
 /// `drain`: every evictable pod left, but some pods were refused (unmanaged, emptyDir,
 /// annotated, or selected by several budgets) and are still there.
 pub const EXIT_REFUSED: u8 = 4;
+/// `drain`: every pod left the node, but `drain.on_deadline = delete` deleted some past their
+/// PodDisruptionBudgets.
+pub const EXIT_DELETED_PAST_BUDGETS: u8 = 5;
 
 /// Runs the parsed command line; returns the exit code.
 pub fn run(cli: Cli) -> anyhow::Result<u8> {
@@ -345,14 +348,23 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         Err(e) => return Err(e.into()),
     };
     print!("{report}");
-    Ok(match report.outcome {
+    Ok(drain_exit_code(&report))
+}
+
+/// `drain`'s exit code for how the drain ended. Pods still on the node (the deadline, a refusal)
+/// come first: with [`EXIT_DELETED_PAST_BUDGETS`] or [`EXIT_OK`] a script knows the node is empty.
+pub fn drain_exit_code(report: &crate::drain::DrainReport) -> u8 {
+    match report.outcome {
+        crate::drain::DrainOutcome::Drained if !report.force_deleted.is_empty() => {
+            EXIT_DELETED_PAST_BUDGETS
+        }
         crate::drain::DrainOutcome::Drained => EXIT_OK,
         crate::drain::DrainOutcome::Refused => EXIT_REFUSED,
         // `nodeward drain` gives its drain no stop signal: it never ends cancelled.
         crate::drain::DrainOutcome::DeadlineExceeded | crate::drain::DrainOutcome::Cancelled => {
             EXIT_DEADLINE
         }
-    })
+    }
 }
 
 fn print_plan(node: &str, opts: &crate::drain::plan::PlanOptions, plan: &crate::drain::plan::Plan) {
@@ -511,3 +523,6 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<u8> {
     crate::readiness::controller::run(client, opts, crate::scaler::shutdown_signal()).await?;
     Ok(EXIT_OK)
 }
+
+#[cfg(test)]
+mod tests;

@@ -628,7 +628,19 @@ async fn deadline_delete_removes_pods_past_their_budget() {
         .expect("drain");
     assert_eq!(report.outcome, DrainOutcome::Drained, "{report}");
     assert_eq!(report.force_deleted.len(), 1);
+    assert!(report.evicted.is_empty(), "deleted, not evicted: {report}");
     assert!(pods_on(&emu, NODE).is_empty());
+    let ended = emu
+        .list("events.events.k8s.io", Some("default"))
+        .into_iter()
+        .find(|e| e.get("reason").and_then(|r| r.as_str()) == Some("DrainSucceeded"))
+        .expect("DrainSucceeded event");
+    assert_eq!(ended["type"], "Warning", "{ended}");
+    let note = ended["note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("0 pods evicted, 1 deleted past their budgets in "),
+        "{note}"
+    );
 }
 
 /// A deadline inside the fallback's 1 s margin (the agent's retry after an API outage, a short
@@ -738,6 +750,54 @@ async fn forbidden_names_the_permission() {
         .await
         .expect_err("forbidden");
     assert!(err.to_string().contains("create pods/eviction"), "{err}");
+}
+
+/// Issue 41: a ValidatingAdmissionPolicy refused one pod's eviction (403, reason Forbidden) and
+/// the drain ended with an error, the pods of later waves never evicted. A 403 that is not the
+/// authorizer's concerns one pod: it is refused, named with its cause, and the others go.
+#[tokio::test]
+async fn an_admission_denial_refuses_one_pod_and_the_others_go() {
+    let emu = emulator().await;
+    for (name, prio) in [("db-0", 0), ("web-0", 0), ("crit-0", 2_000_000_000)] {
+        let mut seed = web(name).to_json();
+        seed["spec"]["priority"] = json!(prio);
+        emu.create(seed).expect("pod");
+        emu.set_pod_ready("default", name, true).expect("ready");
+    }
+    let denial = "ValidatingAdmissionPolicy 'keep-db' with binding 'keep-db' denied request: \
+                  the primary database is never evicted";
+    emu.add_fault(FaultRule::one(
+        "create",
+        "pods/eviction",
+        "db-0",
+        403,
+        Some(denial),
+    ));
+    let mut o = options(Duration::from_secs(10));
+    o.plan.waves = vec![
+        Wave {
+            min_priority: i32::MIN,
+            share_of_deadline: 0.7,
+        },
+        Wave {
+            min_priority: 2_000_000_000,
+            share_of_deadline: 0.3,
+        },
+    ];
+    let report = drain::drain(&client(&emu).await, NODE, &o)
+        .await
+        .expect("one pod's denial does not stop the drain");
+    assert_eq!(report.outcome, DrainOutcome::Refused, "{report}");
+    assert_eq!(pods_on(&emu, NODE), ["db-0"], "{report}");
+    let [(pod, why)] = report.refused.as_slice() else {
+        panic!("one pod refused: {report}");
+    };
+    assert_eq!(pod.name, "db-0");
+    assert!(
+        matches!(why, Refusal::Denied { message } if message.contains(denial)),
+        "{why}"
+    );
+    assert!(report.to_string().contains("keep-db"), "{report}");
 }
 
 #[tokio::test]

@@ -548,6 +548,112 @@ async fn a_terminating_namespace_is_waited_for(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
+/// A ValidatingAdmissionPolicy `ns-keep-db` (reason Forbidden) denying the eviction of `db-0` in
+/// `ns`, and its binding; returns once kube-apiserver enforces it (a dry-run eviction is denied).
+async fn deny_eviction_of_db(admin: &kube::Client, ns: &str) -> String {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let name = format!("{ns}-keep-db");
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["pods/eviction"]}]},
+            "validations": [{
+                "expression": format!("request.namespace != '{ns}' || request.name != 'db-0'"),
+                "message": "the primary database is never evicted",
+                "reason": "Forbidden"
+            }]
+        }
+    }))
+    .expect("policy json");
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]}
+    }))
+    .expect("binding json");
+    let pp = PostParams::default();
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .create(&pp, &policy)
+        .await
+        .expect("create policy");
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .create(&pp, &binding)
+        .await
+        .expect("create binding");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let dry = kube::api::EvictParams {
+        post_options: PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        ..kube::api::EvictParams::default()
+    };
+    let t0 = std::time::Instant::now();
+    loop {
+        match pods.evict("db-0", &dry).await {
+            Err(kube::Error::Api(s)) if s.code == 403 => return name,
+            other => assert!(t0.elapsed() < LIMIT, "policy not enforced: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Issue 41: a ValidatingAdmissionPolicy refusing one pod's eviction (403, reason Forbidden)
+/// ended the drain with "permission denied", and the other pods were never evicted. Now that
+/// pod is refused with the policy's words, the others are evicted, and the drain exits 4.
+async fn an_admission_denial_refuses_only_its_pod(cluster: Cluster) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    common::create::<StatefulSet>(
+        &admin,
+        json!({
+            "metadata": {"name": "db", "namespace": ns},
+            "spec": {"replicas": 1, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                "template": {"metadata": {"labels": {"app": "db"}}, "spec": {
+                    "nodeName": target,
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
+        }),
+    )
+    .await;
+    wait_pods(&admin, &ns, "db", "db-0 Ready on the target", |p| {
+        p.len() == 1 && ready(&p[0]) && node_of(&p[0]) == Some(target.as_str())
+    })
+    .await;
+    let policy = deny_eviction_of_db(&admin, &ns).await;
+    let out = drain(&cluster.node_kubeconfig(&target), &target, "60s");
+    let text = common::output_text(&out);
+    assert_eq!(out.status.code(), Some(4), "{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("2 evicted"), "{text}");
+    assert!(
+        stdout.contains(&format!("refused {ns}/db-0: eviction denied (403)"))
+            && stdout.contains(&format!("ValidatingAdmissionPolicy '{policy}'")),
+        "{text}"
+    );
+    wait_replaced(&admin, &ns, &spare, 2).await;
+    let db = pods_of(&admin, &ns, "db").await;
+    assert!(
+        db.iter()
+            .any(|p| ready(p) && node_of(p) == Some(target.as_str())),
+        "db-0 stays"
+    );
+    let dp = kube::api::DeleteParams::default();
+    let _ = Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .delete(&policy, &dp)
+        .await;
+    let _ = Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .delete(&policy, &dp)
+        .await;
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
 use serde::Deserialize as _;
 
 /// A dedicated agent identity (`nodeward:node:NAME` in group `nodeward:agents`, bound to the
@@ -1072,6 +1178,7 @@ real_only! {
     the_agent_drains_at_poweroff_as_the_node => super::agent_drains_at_poweroff;
     the_agent_gates_on_the_drains_api_access => super::agent_gates_on_drain_access;
     a_terminating_namespace_is_waited_for_not_forbidden => super::a_terminating_namespace_is_waited_for;
+    an_admission_denial_refuses_only_its_pod_and_the_others_go => super::an_admission_denial_refuses_only_its_pod;
     a_blocked_drain_explains_itself_on_the_node_and_its_pods => super::a_blocked_drain_explains_itself;
     a_pods_own_drain_timeout_caps_its_wait_for_its_budget => super::a_pods_own_drain_timeout_caps_its_wait;
     surge_before_evict_keeps_a_single_replica_serving => super::surge_keeps_a_single_replica_serving;

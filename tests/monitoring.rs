@@ -34,6 +34,18 @@ fn agent() -> nodeward::agent::metrics::AgentMetrics {
     agent
         .drain
         .ended(nodeward::drain::DrainOutcome::Drained, 1.0);
+    agent.drain.pods_ended(&nodeward::drain::DrainReport {
+        node: "n".into(),
+        outcome: nodeward::drain::DrainOutcome::Drained,
+        evicted: Vec::new(),
+        skipped: Vec::new(),
+        refused: Vec::new(),
+        left_behind: Vec::new(),
+        force_deleted: Vec::new(),
+        eviction_requests: 0,
+        stopped: Vec::new(),
+        elapsed: std::time::Duration::ZERO,
+    });
     // A drain that ended leaves its gauges at 0, each `waiting_on` included.
     drop(agent.drain.started());
     agent

@@ -202,6 +202,7 @@ impl Agent {
             node = %self.node,
             outcome = %summary.outcome,
             evicted = summary.evicted,
+            deleted_past_budgets = summary.deleted_past_budgets.len(),
             left_behind = summary.left_behind.len(),
             elapsed_ms = summary.elapsed_ms,
             "shutdown drain ended; releasing the lock"
@@ -246,6 +247,7 @@ pub(super) fn outcome(outcome: ShutdownOutcome) -> DrainSummary {
 pub(super) fn report_summary(r: &crate::drain::DrainReport) -> DrainSummary {
     DrainSummary {
         evicted: r.evicted.len(),
+        deleted_past_budgets: r.force_deleted.iter().map(ToString::to_string).collect(),
         left_behind: r.left_behind.iter().map(ToString::to_string).collect(),
         refused: r.refused.iter().map(|(p, _)| p.to_string()).collect(),
         ..outcome(r.outcome.into())

@@ -49,8 +49,12 @@ pub struct DrainSummary {
     pub deadline_ms: u64,
     /// How it ended.
     pub outcome: ShutdownOutcome,
-    /// Pods evicted.
+    /// Pods evicted (through their budgets).
     pub evicted: usize,
+    /// Pods `drain.on_deadline = delete` deleted past their budgets (absent from files written
+    /// before it was counted apart).
+    #[serde(default)]
+    pub deleted_past_budgets: Vec<String>,
     /// Pods still there at the end.
     pub left_behind: Vec<String>,
     /// Pods refused.
@@ -69,6 +73,7 @@ impl DrainSummary {
             deadline_ms: 0,
             outcome,
             evicted: 0,
+            deleted_past_budgets: Vec::new(),
             left_behind: Vec::new(),
             refused: Vec::new(),
             elapsed_ms: 0,
@@ -426,6 +431,18 @@ impl std::fmt::Display for Status {
     }
 }
 
+/// `, N deleted past their budgets (pods)`, or nothing when none was.
+fn past_budgets(deleted: &[String]) -> String {
+    if deleted.is_empty() {
+        return String::new();
+    }
+    format!(
+        ", {} deleted past their budgets ({})",
+        deleted.len(),
+        deleted.join(", ")
+    )
+}
+
 impl Status {
     /// The last drain, the one running now with every pod a budget blocks, and the warnings.
     fn fmt_drains(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -433,13 +450,14 @@ impl Status {
             None => writeln!(f, "last drain:    none since the agent started")?,
             Some(d) => writeln!(
                 f,
-                "last drain:    {} at {} ({:?}, policy {:?}, deadline {}): {} evicted, {} left behind, lock released after {}",
+                "last drain:    {} at {} ({:?}, policy {:?}, deadline {}): {} evicted{}, {} left behind, lock released after {}",
                 d.outcome,
                 d.started_at,
                 d.kind,
                 d.policy,
                 ms(d.deadline_ms),
                 d.evicted,
+                past_budgets(&d.deleted_past_budgets),
                 d.left_behind.len(),
                 ms(d.elapsed_ms)
             )?,
@@ -524,5 +542,34 @@ mod tests {
         }
         let e = read(&dir.path().join("none.json")).expect_err("missing");
         assert!(e.to_string().contains("nodeward.service"), "{e}");
+    }
+
+    /// Issue 41: the last drain's summary counted the pods deleted past their budgets as evicted.
+    #[test]
+    fn the_last_drain_counts_deletions_past_budgets_apart() {
+        let pod = |name: &str| crate::drain::plan::PodRef {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: name.into(),
+        };
+        let report = crate::drain::DrainReport {
+            node: "worker-1".into(),
+            outcome: crate::drain::DrainOutcome::Drained,
+            evicted: vec![pod("a")],
+            skipped: Vec::new(),
+            refused: Vec::new(),
+            left_behind: Vec::new(),
+            force_deleted: vec![pod("b")],
+            eviction_requests: 2,
+            stopped: Vec::new(),
+            elapsed: std::time::Duration::from_secs(1),
+        };
+        let mut s = sample();
+        s.last_drain = Some(super::super::shutdown::report_summary(&report));
+        let text = s.to_string();
+        assert!(
+            text.contains(": 1 evicted, 1 deleted past their budgets (default/b), 0 left behind"),
+            "{text}"
+        );
     }
 }

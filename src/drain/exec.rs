@@ -1077,50 +1077,14 @@ impl<'a> Drain<'a> {
     /// Says how the drain ended: an Event on the Node (for a drain that had pods to move, or
     /// that ran out of time) and the Draining condition turned `False` with the same words.
     async fn announce_end(&self, report: &DrainReport, narrator: Option<Narrator>) {
-        let (type_, reason, note) = match report.outcome {
-            DrainOutcome::Cancelled => {
-                let note = format!(
-                    "stopped after {:.1}s, its shutdown cancelled: {} pods evicted, {} still on the node",
-                    report.elapsed.as_secs_f64(),
-                    report.evicted.len(),
-                    report.left_behind.len()
-                );
-                (EventType::Normal, "DrainCancelled", note)
-            }
-            DrainOutcome::DeadlineExceeded => {
-                let names: Vec<String> =
-                    report.left_behind.iter().map(ToString::to_string).collect();
-                warn!(node = self.node, left = names.len(), pods = %names.join(", "), "drain deadline exceeded");
-                let note = format!(
-                    "{} pods left after {:?}: {}",
-                    names.len(),
-                    self.opts.timeout,
-                    names.join(", ")
-                );
-                (EventType::Warning, "DrainTimedOut", note)
-            }
-            DrainOutcome::Drained | DrainOutcome::Refused => {
-                let refused: Vec<String> =
-                    report.refused.iter().map(|(p, _)| p.to_string()).collect();
-                let mut note = format!(
-                    "{} pods evicted in {:.1}s",
-                    report.evicted.len(),
-                    report.elapsed.as_secs_f64()
-                );
-                if !refused.is_empty() {
-                    note.push_str(&format!("; refused: {}", refused.join(", ")));
-                }
-                if !report.stopped.is_empty() {
-                    note.push_str(&format!(
-                        "; {} stopped, their objects Terminating until the kubelet is back",
-                        report.stopped.len()
-                    ));
-                }
-                (EventType::Normal, "DrainSucceeded", note)
-            }
-        };
+        let (type_, reason, note) = ending(report, self.opts.timeout);
+        if report.outcome == DrainOutcome::DeadlineExceeded {
+            let names: Vec<String> = report.left_behind.iter().map(ToString::to_string).collect();
+            warn!(node = self.node, left = names.len(), pods = %names.join(", "), "drain deadline exceeded");
+        }
         if let Some(m) = &self.opts.metrics {
             m.ended(report.outcome, report.elapsed.as_secs_f64());
+            m.pods_ended(report);
         }
         // The narrator runs for a drain that had pods to move (an eventful one).
         let eventful = narrator.is_some();
@@ -1365,6 +1329,75 @@ impl<'a> Drain<'a> {
     }
 }
 
+/// How the end of a drain is told: the Event's type and reason, and the words the Event and the
+/// Draining condition share. The pods deleted past their budgets are counted apart from the
+/// evicted ones and named, and make the Event a Warning: those budgets were not honoured. Each
+/// refused pod is named with why.
+fn ending(report: &DrainReport, timeout: Duration) -> (EventType, &'static str, String) {
+    let names = |pods: &[PodRef]| pods.iter().map(ToString::to_string).collect::<Vec<_>>();
+    let deleted = names(&report.force_deleted);
+    let (past_budgets, which) = if deleted.is_empty() {
+        (String::new(), String::new())
+    } else {
+        (
+            format!(", {} deleted past their budgets", deleted.len()),
+            format!(" (deleted: {})", deleted.join(", ")),
+        )
+    };
+    match report.outcome {
+        DrainOutcome::Cancelled => {
+            let note = format!(
+                "stopped after {:.1}s, its shutdown cancelled: {} pods evicted{past_budgets}, {} still on the node{which}",
+                report.elapsed.as_secs_f64(),
+                report.evicted.len(),
+                report.left_behind.len()
+            );
+            (EventType::Normal, "DrainCancelled", note)
+        }
+        DrainOutcome::DeadlineExceeded => {
+            let left = names(&report.left_behind);
+            let mut note = format!(
+                "{} pods left after {:?}: {}",
+                left.len(),
+                timeout,
+                left.join(", ")
+            );
+            if !deleted.is_empty() {
+                let evicted = report.evicted.len();
+                note.push_str(&format!("; {evicted} pods evicted{past_budgets}{which}"));
+            }
+            (EventType::Warning, "DrainTimedOut", note)
+        }
+        DrainOutcome::Drained | DrainOutcome::Refused => {
+            let refused: Vec<String> = report
+                .refused
+                .iter()
+                .map(|(p, why)| format!("{p} ({why})"))
+                .collect();
+            let mut note = format!(
+                "{} pods evicted{past_budgets} in {:.1}s{which}",
+                report.evicted.len(),
+                report.elapsed.as_secs_f64()
+            );
+            if !refused.is_empty() {
+                note.push_str(&format!("; refused: {}", refused.join(", ")));
+            }
+            if !report.stopped.is_empty() {
+                note.push_str(&format!(
+                    "; {} stopped, their objects Terminating until the kubelet is back",
+                    report.stopped.len()
+                ));
+            }
+            let type_ = if deleted.is_empty() {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            };
+            (type_, "DrainSucceeded", note)
+        }
+    }
+}
+
 /// An eviction's answer as the schedule reads it: status code, cause and message.
 fn status_of(result: &std::result::Result<(), kube::Error>) -> (u16, Cause, String) {
     match result {
@@ -1400,6 +1433,9 @@ fn log_answer(pod: &PodRef, answer: &Answer, matching: &[String]) {
             warn!(pod = %pod, budgets = ?matching, "more than one PodDisruptionBudget selects the pod; the Eviction API cannot evict it");
         }
         Outcome::Forbidden => warn!(pod = %pod, "missing permission: create pods/eviction"),
+        Outcome::Denied => {
+            warn!(pod = %pod, message = %answer.message, "eviction denied for this pod; refused, the drain goes on");
+        }
         Outcome::Rejected => {
             warn!(pod = %pod, code, message = %answer.message, "eviction rejected");
         }
@@ -1424,3 +1460,6 @@ fn check_watch_error(node: &str, e: &watcher::Error, verb: &'static str) -> Resu
     warn!(node, error = %e, "watch failed; the watcher relists");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -20,6 +20,10 @@ pub type Label = Vec<(String, String)>;
 /// What each `waiting_on` value of `nodeward_drain_pods_left` means.
 pub const WAITING_ON: [&str; 5] = ["budget", "eviction", "retry", "termination", "replacement"];
 
+/// What each `fate` value of `nodeward_drain_pods_total` means: evicted through its budgets,
+/// deleted past them by `drain.on_deadline = delete`, refused, still there when the drain ended.
+pub const FATES: [&str; 4] = ["evicted", "deleted_past_budget", "refused", "left_behind"];
+
 /// A drain's metrics, registered once per process and shared by its drains.
 #[derive(Debug)]
 pub struct DrainMetrics {
@@ -31,6 +35,8 @@ pub struct DrainMetrics {
     pub evictions: Family<Label, Counter>,
     /// Pods the running drain still waits for, by what they wait on ([`WAITING_ON`]).
     pub pods_left: Family<Label, Gauge>,
+    /// Pods of the drains that ended, by what became of them ([`FATES`]).
+    pub pods: Family<Label, Counter>,
     /// Seconds to the running drain's deadline (0 when none runs or it has passed).
     pub deadline_seconds: Gauge<f64, AtomicU64>,
 }
@@ -49,6 +55,7 @@ impl DrainMetrics {
             }),
             evictions: Family::default(),
             pods_left: Family::default(),
+            pods: Family::default(),
             deadline_seconds: Gauge::default(),
         };
         let sub = registry.sub_registry_with_prefix("nodeward_drain");
@@ -67,6 +74,11 @@ impl DrainMetrics {
             "pods_left",
             "Pods the running drain still waits for, by what they wait on (budget, eviction, retry, termination)",
             m.pods_left.clone(),
+        );
+        sub.register(
+            "pods",
+            "Pods of the drains that ended, by fate (evicted, deleted_past_budget, refused, left_behind)",
+            m.pods.clone(),
         );
         sub.register(
             "deadline_seconds",
@@ -120,6 +132,22 @@ impl DrainMetrics {
             .get_or_create(&label("outcome", outcome))
             .observe(seconds);
     }
+
+    /// The pods of a drain that ended, counted by fate: a pod deleted past its budget never
+    /// counts as evicted.
+    pub fn pods_ended(&self, report: &super::DrainReport) {
+        let counts = [
+            report.evicted.len(),
+            report.force_deleted.len(),
+            report.refused.len(),
+            report.left_behind.len(),
+        ];
+        for (fate, n) in FATES.iter().zip(counts) {
+            self.pods
+                .get_or_create(&label("fate", fate))
+                .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+        }
+    }
 }
 
 /// A running drain's hold on the gauges; see [`DrainMetrics::started`].
@@ -136,5 +164,55 @@ impl Drop for Running<'_> {
         }
         self.0.deadline_seconds.set(0.0);
         self.0.in_progress.set(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+    use crate::drain::DrainReport;
+    use crate::drain::plan::PodRef;
+
+    /// Issue 41: nothing told the pods deleted past their budgets from the evicted ones.
+    #[test]
+    fn pods_are_counted_by_what_became_of_them() {
+        let mut registry = Registry::default();
+        let m = DrainMetrics::register(&mut registry);
+        let pods = |names: &[&str]| -> Vec<PodRef> {
+            names
+                .iter()
+                .map(|n| PodRef {
+                    namespace: "default".into(),
+                    name: (*n).into(),
+                    uid: (*n).into(),
+                })
+                .collect()
+        };
+        m.pods_ended(&DrainReport {
+            node: "worker-1".into(),
+            outcome: DrainOutcome::DeadlineExceeded,
+            evicted: pods(&["a", "b"]),
+            skipped: Vec::new(),
+            refused: Vec::new(),
+            left_behind: pods(&["d"]),
+            force_deleted: pods(&["c", "d"]),
+            eviction_requests: 2,
+            stopped: Vec::new(),
+            elapsed: Duration::from_secs(1),
+        });
+        let mut text = String::new();
+        encode(&mut text, &registry).expect("encode");
+        for line in [
+            r#"nodeward_drain_pods_total{fate="evicted"} 2"#,
+            r#"nodeward_drain_pods_total{fate="deleted_past_budget"} 2"#,
+            r#"nodeward_drain_pods_total{fate="refused"} 0"#,
+            r#"nodeward_drain_pods_total{fate="left_behind"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
     }
 }

@@ -627,7 +627,8 @@ pub struct Answer {
     pub cause: Cause,
     /// How many budgets select the pod, from nodeward's own view of them.
     pub matching_budgets: usize,
-    /// The API's message (for reports; never classified).
+    /// The API's message: for reports, and for a 403 the one place that says who refused
+    /// ([`authorizer_denied`]).
     pub message: String,
 }
 
@@ -646,8 +647,14 @@ pub enum Outcome {
     BudgetExhausted,
     /// 500 while more than one budget selects the pod: the Eviction API cannot evict it.
     MultipleBudgets,
-    /// 403: the credentials lack `create` on `pods/eviction`.
+    /// 403 from the authorizer: the credentials lack `create` on `pods/eviction`, for this pod
+    /// and every other.
     Forbidden,
+    /// Any other 403: an admission webhook or ValidatingAdmissionPolicy denied this pod's
+    /// eviction, NodeRestriction refused a pod bound to another node, or the Eviction API's own
+    /// budget checks refused it (a budget whose `disruptionsAllowed` is negative, too many
+    /// evictions not confirmed yet). It concerns this pod: refused, and the drain goes on.
+    Denied,
     /// 429 not caused by a budget (API server throttling), 409, or 5xx: try again after a backoff.
     Retry,
     /// Any other 4xx: the request is wrong and will stay wrong.
@@ -655,7 +662,8 @@ pub enum Outcome {
 }
 
 impl Answer {
-    /// Classifies the answer by status code and structured cause, never by message text.
+    /// Classifies the answer by status code and structured cause; a 403's message says only
+    /// whether the authorizer refused ([`authorizer_denied`]).
     pub fn outcome(&self) -> Outcome {
         match self.code {
             200 | 201 => Outcome::Evicted,
@@ -663,11 +671,29 @@ impl Answer {
             403 if self.cause == Cause::NamespaceTerminating => Outcome::NamespaceTerminating,
             429 if self.cause == Cause::DisruptionBudget => Outcome::BudgetExhausted,
             500 if self.matching_budgets > 1 => Outcome::MultipleBudgets,
-            403 => Outcome::Forbidden,
+            403 if authorizer_denied(&self.message) => Outcome::Forbidden,
+            403 => Outcome::Denied,
             409 | 429 | 500..=599 => Outcome::Retry,
             _ => Outcome::Rejected,
         }
     }
+}
+
+/// Whether a 403's message is the authorizer's: the identity lacks the permission, whichever
+/// pod it asks for. Nothing structured tells it apart: the authorizer and the admission plugins
+/// (NodeRestriction, ValidatingAdmissionPolicy) all answer through `apierrors.NewForbidden`,
+/// with reason `Forbidden`, `details.kind` `pods` and no cause reason, and a webhook's 403 says
+/// whatever the webhook says. The authorizer's sentence has kept one form since Kubernetes 1.11
+/// (`responsewriters.forbiddenMessage`): `User "<name>" cannot <verb> resource "<resource>" …`,
+/// after NewForbidden's `<resource> "<name>" is forbidden: `. A denial is an authorizer's only
+/// when its sentence starts so: the pods' names cannot hold `forbidden: ` (DNS names), and an
+/// admission message starts with its plugin's own words. A 403 nodeward cannot place is a pod's,
+/// so a drain never stops for one pod.
+pub fn authorizer_denied(message: &str) -> bool {
+    let why = message
+        .split_once("forbidden: ")
+        .map_or(message, |(_, why)| why);
+    why.starts_with("User \"") && why.contains("\" cannot ")
 }
 
 #[cfg(test)]

@@ -71,6 +71,12 @@ pub enum Refusal {
     Plan(RefuseReason),
     /// More than one budget selects it: the Eviction API cannot evict it.
     MultipleBudgets(Vec<String>),
+    /// A 403 that concerns this pod only ([`Outcome::Denied`]): an admission check, NodeRestriction
+    /// or the Eviction API's own budget checks.
+    Denied {
+        /// The API's message, naming who denied it and why.
+        message: String,
+    },
     /// The API rejected the eviction for good (a 4xx other than the ones a drain waits out).
     Rejected {
         /// HTTP status.
@@ -89,6 +95,7 @@ impl fmt::Display for Refusal {
                 "selected by more than one PodDisruptionBudget ({})",
                 b.join(", ")
             ),
+            Self::Denied { message } => write!(f, "eviction denied (403): {message}"),
             Self::Rejected { code, message } => write!(f, "eviction rejected ({code}): {message}"),
         }
     }
@@ -722,6 +729,9 @@ impl Schedule {
                 until: later(now, backoff(t.attempts)),
             },
             Outcome::MultipleBudgets => PodState::Refused(Refusal::MultipleBudgets(matching)),
+            Outcome::Denied => PodState::Refused(Refusal::Denied {
+                message: answer.message.clone(),
+            }),
             Outcome::Rejected => PodState::Refused(Refusal::Rejected {
                 code: answer.code,
                 message: answer.message.clone(),
@@ -768,7 +778,10 @@ impl Schedule {
             ..Tally::default()
         };
         for t in self.pods.into_values() {
+            let deleted = tally.force_deleted.iter().any(|p| p.uid == t.pod.uid);
             match t.state {
+                // Counted once, apart: it went past its budget, not through it.
+                PodState::Gone if deleted => {}
                 PodState::Gone => tally.evicted.push(t.pod),
                 PodState::Refused(why) => tally.refused.push((t.pod, why)),
                 _ => tally.left_behind.push(t.pod),
@@ -781,7 +794,7 @@ impl Schedule {
 /// What became of the pods, for the report.
 #[derive(Debug, Default)]
 pub struct Tally {
-    /// Evicted and gone.
+    /// Evicted and gone (never one of [`Self::force_deleted`]).
     pub evicted: Vec<PodRef>,
     /// Left alone, and why.
     pub skipped: Vec<(PodRef, SkipReason)>,

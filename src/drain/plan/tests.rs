@@ -378,15 +378,94 @@ fn every_eviction_answer() {
         (a(500, No, 1), Outcome::Retry),
         (a(503, No, 0), Outcome::Retry),
         (a(409, No, 0), Outcome::Retry),
-        (a(403, No, 0), Outcome::Forbidden),
+        (a(403, No, 0), Outcome::Denied),
         (a(403, Terminating, 0), Outcome::NamespaceTerminating),
-        (a(403, Budget, 0), Outcome::Forbidden),
+        (a(403, Budget, 0), Outcome::Denied),
         (a(429, Terminating, 0), Outcome::Retry),
         (a(422, No, 0), Outcome::Rejected),
         (a(400, No, 0), Outcome::Rejected),
     ];
     for (i, (got, want)) in cases.iter().enumerate() {
         assert_eq!(got, want, "case {i}");
+    }
+}
+
+/// A 403 stops the drain only when the authorizer said the identity may not evict; every other
+/// 403 (admission, NodeRestriction, the Eviction API's own budget checks) concerns one pod. The
+/// messages are kube-apiserver's, as `apierrors.NewForbidden` and each plugin render them.
+#[test]
+fn a_403_stops_the_drain_only_when_the_authorizer_denied_it() {
+    use Cause::{DisruptionBudget as Budget, None as No};
+    let cases: [(&str, Cause, &str, bool); 10] = [
+        (
+            "RBAC: the identity lacks create on pods/eviction",
+            No,
+            r#"pods "web-0" is forbidden: User "system:serviceaccount:kube-system:nodeward" cannot create resource "pods/eviction" in API group "" in the namespace "default""#,
+            true,
+        ),
+        (
+            "a webhook authorizer's denial, its reason appended",
+            No,
+            r#"pods "web-0" is forbidden: User "alice" cannot create resource "pods/eviction" in API group "" in the namespace "default": no policy allows it"#,
+            true,
+        ),
+        (
+            "the Node authorizer refusing a node identity",
+            No,
+            r#"pods "web-0" is forbidden: User "system:node:worker-1" cannot create resource "pods/eviction" in API group "" in the namespace "default": no relationship found between node 'worker-1' and this object"#,
+            true,
+        ),
+        (
+            "NodeRestriction: the pod was recreated on another node",
+            No,
+            r#"pods "web-0" is forbidden: node worker-1 can only evict pods with spec.nodeName set to itself"#,
+            false,
+        ),
+        (
+            "a ValidatingAdmissionPolicy with reason Forbidden",
+            No,
+            r#"pods "web-0" is forbidden: ValidatingAdmissionPolicy 'keep-db' with binding 'keep-db' denied request: the primary database is never evicted"#,
+            false,
+        ),
+        (
+            "a ValidatingAdmissionPolicy without a binding name",
+            No,
+            r#"pods "web-0" is forbidden: ValidatingAdmissionPolicy 'keep-db' denied request: failed expression: object.metadata.name != 'db-0'"#,
+            false,
+        ),
+        (
+            "an admission webhook answering 403",
+            No,
+            r#"admission webhook "validation.gatekeeper.sh" denied the request: [keep-db] the primary database is never evicted"#,
+            false,
+        ),
+        (
+            "a budget whose disruptionsAllowed is negative",
+            No,
+            r#"poddisruptionbudget.policy "web" is forbidden: pdb disruptions allowed is negative"#,
+            false,
+        ),
+        (
+            "too many evictions not confirmed yet, with the cause newer servers add",
+            Budget,
+            r#"poddisruptionbudget.policy "web" is forbidden: DisruptedPods map too big - too many evictions not confirmed by PDB controller"#,
+            false,
+        ),
+        (
+            "a 403 without a message says nothing about the identity",
+            No,
+            "",
+            false,
+        ),
+    ];
+    for (what, cause, message, stops) in cases {
+        let answer = Answer {
+            code: 403,
+            cause,
+            matching_budgets: 1,
+            message: message.to_string(),
+        };
+        assert_eq!(answer.outcome() == Outcome::Forbidden, stops, "{what}");
     }
 }
 

@@ -364,18 +364,29 @@ fn check_report(
         now - deadline
     );
     let tally = s.finish();
-    let gone: BTreeSet<String> = tally.evicted.iter().map(|p| p.uid.clone()).collect();
+    let evicted: BTreeSet<String> = tally.evicted.iter().map(|p| p.uid.clone()).collect();
     let model_gone: BTreeSet<String> = m
         .pods
         .iter()
         .filter(|(_, st)| **st == OnNode::Gone)
         .map(|(u, _)| u.clone())
         .collect();
-    prop_assert_eq!(gone, model_gone, "the report's gone pods");
     let forced: BTreeSet<String> = tally.force_deleted.iter().map(|p| p.uid.clone()).collect();
-    prop_assert_eq!(forced, m.deleted.clone(), "the report's deleted pods");
     prop_assert_eq!(
-        tally.evicted.len() + tally.refused.len() + tally.left_behind.len(),
+        forced.clone(),
+        m.deleted.clone(),
+        "the report's deleted pods"
+    );
+    prop_assert_eq!(
+        evicted,
+        &model_gone - &forced,
+        "the report's evicted pods: gone, and not deleted past a budget"
+    );
+    prop_assert_eq!(
+        tally.evicted.len()
+            + tally.refused.len()
+            + tally.left_behind.len()
+            + model_gone.intersection(&forced).count(),
         case.pods.len(),
         "every pod once"
     );

@@ -387,18 +387,54 @@ fn a_pod_gone_before_its_answer_frees_its_slot_and_counts_its_deletion() {
     );
 }
 
+/// Issue 41: the fallback's deletions were counted among the evictions (the DrainSucceeded Event,
+/// the agent's DrainSummary) though they bypassed the budgets.
+#[test]
+fn a_pod_deleted_past_its_budget_is_not_counted_as_evicted() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Delete, 10, t0);
+    s.track(&pod("a", 0), &no_daemonsets);
+    s.track(&pod("b", 0), &no_daemonsets);
+    run(&mut s, t0, Duration::ZERO, &closed);
+    s.evict_answered("a", &answer(201, Cause::None), vec![], t0);
+    s.evict_answered("b", &answer(429, Cause::DisruptionBudget), vec![], t0);
+    run(&mut s, t0, Duration::from_secs(9), &closed);
+    s.delete_answered("b", Deleted::Accepted);
+    gone(&mut s, &["a", "b"]);
+    assert_eq!(
+        run(&mut s, t0, Duration::from_millis(9100), &closed),
+        Step::Done(DrainOutcome::Drained)
+    );
+    let tally = s.finish();
+    let names = |pods: &[PodRef]| pods.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&tally.evicted), ["a"], "evicted through its budget");
+    assert_eq!(
+        names(&tally.force_deleted),
+        ["b"],
+        "deleted past it, and only that"
+    );
+}
+
 #[test]
 fn what_each_answer_leaves_the_pod_in() {
     let t0 = Instant::now();
-    let cases: [(u16, Cause, usize, &str); 6] = [
-        (201, Cause::None, 1, "leaving"),
-        (404, Cause::None, 1, "leaving"),
-        (403, Cause::NamespaceTerminating, 1, "leaving"),
-        (500, Cause::None, 2, "refused"),
-        (422, Cause::None, 1, "refused"),
-        (403, Cause::None, 1, "forbidden"),
+    let rbac = r#"pods "a" is forbidden: User "u" cannot create resource "pods/eviction" in API group "" in the namespace "ns""#;
+    let cases: [(u16, Cause, usize, &str, &str); 7] = [
+        (201, Cause::None, 1, "m", "leaving"),
+        (404, Cause::None, 1, "m", "leaving"),
+        (403, Cause::NamespaceTerminating, 1, "m", "leaving"),
+        (500, Cause::None, 2, "m", "refused"),
+        (422, Cause::None, 1, "m", "refused"),
+        (403, Cause::None, 1, rbac, "forbidden"),
+        (
+            403,
+            Cause::None,
+            1,
+            "admission webhook \"w\" denied the request",
+            "refused",
+        ),
     ];
-    for (code, cause, budgets, want) in cases {
+    for (code, cause, budgets, message, want) in cases {
         let mut s = schedule(OnDeadline::Abandon, 10, t0);
         s.track(&pod("a", 0), &no_daemonsets);
         run(&mut s, t0, Duration::ZERO, &closed);
@@ -406,7 +442,7 @@ fn what_each_answer_leaves_the_pod_in() {
             code,
             cause,
             matching_budgets: budgets,
-            message: "m".into(),
+            message: message.into(),
         };
         let verdict = s.evict_answered("a", &a, vec!["ns/x".into(); budgets], t0);
         let state = s.get("a").map(|t| t.state.clone());
@@ -424,6 +460,48 @@ fn what_each_answer_leaves_the_pod_in() {
             );
         }
     }
+}
+
+/// Issue 41: a ValidatingAdmissionPolicy refusing one pod's eviction (reason Forbidden) ended
+/// the drain with an error, and the pods of later waves were never evicted.
+#[test]
+fn a_pod_an_admission_check_denies_is_refused_and_the_drain_goes_on() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&pod("db", 0), &no_daemonsets);
+    s.track(&pod("late", 1000), &no_daemonsets);
+    assert_eq!(evicted(&run(&mut s, t0, Duration::ZERO, &closed)), ["db"]);
+    let denial = Answer {
+        code: 403,
+        cause: Cause::None,
+        matching_budgets: 0,
+        message: r#"pods "db" is forbidden: ValidatingAdmissionPolicy 'keep-db' with binding 'keep-db' denied request: the primary database is never evicted"#.into(),
+    };
+    assert_eq!(
+        s.evict_answered("db", &denial, Vec::new(), t0),
+        Verdict::Continue,
+        "one pod's denial does not stop the drain"
+    );
+    assert_eq!(
+        evicted(&run(&mut s, t0, MS, &closed)),
+        ["late"],
+        "the next wave goes on"
+    );
+    s.evict_answered("late", &answer(201, Cause::None), Vec::new(), t0 + MS);
+    s.gone("late");
+    assert_eq!(
+        run(&mut s, t0, 2 * MS, &closed),
+        Step::Done(DrainOutcome::Refused)
+    );
+    let tally = s.finish();
+    assert_eq!(tally.evicted.len(), 1);
+    let (refused, why) = &tally.refused[0];
+    assert_eq!(refused.name, "db");
+    assert!(
+        why.to_string()
+            .contains("ValidatingAdmissionPolicy 'keep-db'"),
+        "{why}"
+    );
 }
 
 #[test]

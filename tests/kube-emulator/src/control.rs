@@ -27,8 +27,17 @@ pub struct FaultRule {
     /// Resource to fail, with subresource (`pods`, `pods/eviction`); `None` for all.
     #[serde(default)]
     pub resource: Option<String>,
-    /// HTTP status to answer: 429, 500 or 503 (others answer a bare Status with that code).
+    /// Object name to fail (the pod of a `pods/eviction`); `None` for all.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// HTTP status to answer: 429, 500 or 503; 403 as kube-apiserver's `Forbidden` (the
+    /// authorizer's, or with [`Self::denial`] an admission plugin's); others a bare Status.
     pub code: u16,
+    /// For a 403: why, as an admission plugin says it after `<resource> "<name>" is forbidden: `
+    /// (NodeRestriction, a ValidatingAdmissionPolicy). `None`: the authorizer's `User … cannot
+    /// <verb> resource …`, as for credentials without the permission.
+    #[serde(default)]
+    pub denial: Option<String>,
     /// Fail this many matching requests, then stop.
     #[serde(default)]
     pub count: Option<u64>,
@@ -63,8 +72,25 @@ impl FaultRule {
         }
     }
 
-    fn error(&self) -> ApiError {
+    /// Only the request of `verb` on `resource` for the object `name` fails (with `denial`, for
+    /// a 403).
+    pub fn one(verb: &str, resource: &str, name: &str, code: u16, denial: Option<&str>) -> Self {
+        Self {
+            name: Some(name.to_string()),
+            denial: denial.map(str::to_string),
+            ..Self::rate(verb, resource, code, 1.0)
+        }
+    }
+
+    fn error(&self, req: &Target<'_>) -> ApiError {
         match self.code {
+            403 => {
+                let why = self
+                    .denial
+                    .clone()
+                    .unwrap_or_else(|| req.authorizer_denial());
+                ApiError::forbidden_named(req.qualified, req.kind, req.group, req.name, &why)
+            }
             429 => ApiError::too_many_requests(
                 "Too many requests, please try again later.",
                 Some(self.retry_after_seconds.unwrap_or(1)),
@@ -74,6 +100,43 @@ impl FaultRule {
                 "injected fault: the server is currently unable to handle the request",
             ),
             code => ApiError::bare(code, "injected fault"),
+        }
+    }
+}
+
+/// The request a fault rule is matched against.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// Kubernetes verb.
+    pub verb: &'a str,
+    /// Resource with subresource (`pods/eviction`).
+    pub resource: &'a str,
+    /// The main resource's plural (`pods`), as `details.kind`.
+    pub kind: &'a str,
+    /// Its API group.
+    pub group: &'a str,
+    /// Its qualified name (`pods`, `poddisruptionbudgets.policy`).
+    pub qualified: &'a str,
+    /// Namespace of the request path.
+    pub namespace: Option<&'a str>,
+    /// Object name of the request path.
+    pub name: Option<&'a str>,
+}
+
+/// The user an injected authorizer 403 names.
+const FAULT_USER: &str = "system:serviceaccount:kube-system:emulated";
+
+impl Target<'_> {
+    /// The authorizer's sentence (`responsewriters.forbiddenMessage`) for this request.
+    fn authorizer_denial(&self) -> String {
+        let (verb, resource, group) = (self.verb, self.resource, self.group);
+        match self.namespace {
+            Some(ns) => format!(
+                "User \"{FAULT_USER}\" cannot {verb} resource \"{resource}\" in API group \"{group}\" in the namespace \"{ns}\""
+            ),
+            None => format!(
+                "User \"{FAULT_USER}\" cannot {verb} resource \"{resource}\" in API group \"{group}\" at the cluster scope"
+            ),
         }
     }
 }
@@ -175,12 +238,13 @@ impl Faults {
     }
 
     /// The failure to answer for a request, if a rule fires.
-    pub fn check(&self, verb: &str, resource: &str) -> Option<ApiError> {
+    pub fn check(&self, req: &Target<'_>) -> Option<ApiError> {
         let mut st = self.lock();
         let mut fired = None;
         for (id, rule) in &mut st.rules {
-            if rule.verb.as_deref().is_some_and(|v| v != verb)
-                || rule.resource.as_deref().is_some_and(|r| r != resource)
+            if rule.verb.as_deref().is_some_and(|v| v != req.verb)
+                || rule.resource.as_deref().is_some_and(|r| r != req.resource)
+                || rule.name.as_deref().is_some_and(|n| Some(n) != req.name)
             {
                 continue;
             }
@@ -189,13 +253,13 @@ impl Faults {
                     continue;
                 }
                 *n -= 1;
-                fired = Some((*id, rule.error()));
+                fired = Some((*id, rule.error(req)));
                 break;
             }
             if let Some(rate) = rule.rate
                 && rand::random::<f64>() < rate
             {
-                fired = Some((*id, rule.error()));
+                fired = Some((*id, rule.error(req)));
                 break;
             }
         }
@@ -317,30 +381,73 @@ impl RequestLog {
 mod tests {
     use super::*;
 
+    fn req<'a>(verb: &'a str, resource: &'a str, name: Option<&'a str>) -> Target<'a> {
+        let kind = resource.split('/').next().unwrap_or(resource);
+        Target {
+            verb,
+            resource,
+            kind,
+            group: "",
+            qualified: kind,
+            namespace: Some("default"),
+            name,
+        }
+    }
+
     #[test]
     fn count_rules_fire_then_vanish() {
         let f = Faults::default();
         f.add(FaultRule::count("create", "pods/eviction", 429, 2));
-        assert!(f.check("get", "pods").is_none());
-        assert_eq!(
-            f.check("create", "pods/eviction").map(|e| e.code),
-            Some(429)
-        );
-        assert_eq!(
-            f.check("create", "pods/eviction").map(|e| e.retry_after),
-            Some(Some(1))
-        );
-        assert!(f.check("create", "pods/eviction").is_none());
+        let evict = req("create", "pods/eviction", Some("web-0"));
+        assert!(f.check(&req("get", "pods", None)).is_none());
+        assert_eq!(f.check(&evict).map(|e| e.code), Some(429));
+        assert_eq!(f.check(&evict).map(|e| e.retry_after), Some(Some(1)));
+        assert!(f.check(&evict).is_none());
         assert!(f.rules().is_empty());
         f.add(FaultRule::rate("list", "nodes", 503, 1.0));
-        assert_eq!(f.check("list", "nodes").map(|e| e.code), Some(503));
+        assert_eq!(
+            f.check(&req("list", "nodes", None)).map(|e| e.code),
+            Some(503)
+        );
         f.add(FaultRule {
             code: 500,
             count: Some(1),
             ..FaultRule::default()
         });
         f.clear();
-        assert!(f.check("get", "x").is_none());
+        assert!(f.check(&req("get", "x", None)).is_none());
+    }
+
+    /// A 403 reads as kube-apiserver's: the authorizer's sentence, or an admission plugin's
+    /// denial of one object.
+    #[test]
+    fn forbidden_faults_say_who_refused() {
+        let f = Faults::default();
+        f.add(FaultRule::count("create", "pods/eviction", 403, 1));
+        let e = f
+            .check(&req("create", "pods/eviction", Some("web-0")))
+            .expect("fires");
+        assert_eq!((e.code, e.reason), (403, "Forbidden"));
+        assert_eq!(
+            e.message,
+            r#"pods "web-0" is forbidden: User "system:serviceaccount:kube-system:emulated" cannot create resource "pods/eviction" in API group "" in the namespace "default""#
+        );
+        let denial = "node worker-1 can only evict pods with spec.nodeName set to itself";
+        f.add(FaultRule::one(
+            "create",
+            "pods/eviction",
+            "db-0",
+            403,
+            Some(denial),
+        ));
+        assert!(
+            f.check(&req("create", "pods/eviction", Some("web-0")))
+                .is_none()
+        );
+        let e = f
+            .check(&req("create", "pods/eviction", Some("db-0")))
+            .expect("fires");
+        assert_eq!(e.message, format!(r#"pods "db-0" is forbidden: {denial}"#));
     }
 
     #[test]

@@ -215,6 +215,32 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
+    /// 403 Forbidden as `apierrors.NewForbidden` renders it, for a resource given by parts
+    /// (an injected fault's).
+    pub fn forbidden_named(
+        qualified: &str,
+        kind: &str,
+        group: &str,
+        name: Option<&str>,
+        why: &str,
+    ) -> Self {
+        let mut d = json!({"kind": kind});
+        if !group.is_empty() {
+            d["group"] = json!(group);
+        }
+        let message = match name {
+            Some(n) => {
+                d["name"] = json!(n);
+                format!("{qualified} \"{n}\" is forbidden: {why}")
+            }
+            None => format!("{qualified} is forbidden: {why}"),
+        };
+        Self {
+            details: Some(d),
+            ..Self::new(403, "Forbidden", message)
+        }
+    }
+
     /// 403 Forbidden.
     pub fn forbidden(res: &ResourceDef, name: &str, why: &str) -> Self {
         Self {

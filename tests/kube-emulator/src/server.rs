@@ -408,8 +408,22 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Bod
         ),
         _ => (String::new(), None, None),
     };
+    let def = match &route {
+        Route::Resource { res, .. } => Some(&RESOURCES[*res]),
+        _ => None,
+    };
+    let qualified = def.map(|d| d.qualified()).unwrap_or_default();
+    let target = crate::control::Target {
+        verb,
+        resource: &resource,
+        kind: def.map_or("", |d| d.plural),
+        group: def.map_or("", |d| d.group),
+        qualified: &qualified,
+        namespace: namespace.as_deref(),
+        name: name.as_deref(),
+    };
     shared.faults.hold(verb, &resource).await;
-    let resp = match shared.faults.check(verb, &resource) {
+    let resp = match shared.faults.check(&target) {
         Some(e) => error_response(&e),
         None => match dispatch(&shared, req, route, &query, watch).await {
             Ok(r) => r,
