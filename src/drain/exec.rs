@@ -785,22 +785,7 @@ impl<'a> Drain<'a> {
         w.initial_lists(self.node, deadline, self.opts.timeout)
             .await?;
         let mut schedule = self.schedule(&w, started);
-        // Nothing to evict or refuse (the agent already drained for this shutdown, say): the
-        // drain is logged, but no empty DrainStarted/DrainSucceeded pair goes on the Node.
-        let eventful = !schedule.is_empty();
-        if eventful {
-            let (to_evict, _) = schedule.counts();
-            let note = format!(
-                "evicting {to_evict} pods within {:?}: {}",
-                self.opts.timeout, self.opts.reason
-            );
-            self.event(EventType::Normal, "DrainStarted", note).await;
-        }
-        // What the drain waits on goes on the Node (nodeward.io/Draining) and the blocked pods.
-        let mut narrator = eventful.then(|| {
-            let progress = self.opts.progress.clone();
-            Narrator::new(self.client, self.node, self.recorder.clone(), progress)
-        });
+        let mut narrator = self.begin(&schedule).await;
         let mut inflight: FuturesUnordered<Request> = FuturesUnordered::new();
         let mut surges = Surges::default();
         let mut stop = self.opts.stop.clone();
@@ -851,6 +836,29 @@ impl<'a> Drain<'a> {
         Ok(self
             .end(outcome, schedule, surges, &w.pods, started, narrator)
             .await)
+    }
+
+    /// The drain's start said on the Node: the DrainStarted Event, and the narrator that keeps
+    /// `nodeward.io/Draining` and the blocked pods told what the drain waits on. Nothing to
+    /// evict or refuse (the agent already drained for this shutdown, say): the drain is logged,
+    /// but no empty DrainStarted/DrainSucceeded pair goes on the Node, and there is no narrator.
+    async fn begin(&self, schedule: &Schedule) -> Option<Narrator> {
+        if schedule.is_empty() {
+            return None;
+        }
+        let (to_evict, _) = schedule.counts();
+        let note = format!(
+            "evicting {to_evict} pods within {:?}: {}",
+            self.opts.timeout, self.opts.reason
+        );
+        self.event(EventType::Normal, "DrainStarted", note).await;
+        let progress = self.opts.progress.clone();
+        Some(Narrator::new(
+            self.client,
+            self.node,
+            self.recorder.clone(),
+            progress,
+        ))
     }
 
     /// The drain's ending, within [`DrainOptions::ending`] whatever ended it: surge replicas

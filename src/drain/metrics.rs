@@ -182,16 +182,7 @@ mod tests {
     fn pods_are_counted_by_what_became_of_them() {
         let mut registry = Registry::default();
         let m = DrainMetrics::register(&mut registry);
-        let pods = |names: &[&str]| -> Vec<PodRef> {
-            names
-                .iter()
-                .map(|n| PodRef {
-                    namespace: "default".into(),
-                    name: (*n).into(),
-                    uid: (*n).into(),
-                })
-                .collect()
-        };
+        let pods = PodRef::defaults;
         m.pods_ended(&DrainReport {
             node: "worker-1".into(),
             outcome: DrainOutcome::DeadlineExceeded,

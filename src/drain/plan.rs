@@ -39,6 +39,19 @@ impl PodRef {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
         }
     }
+
+    /// Pods of namespace `default` named (and UID'd) `names`, for tests of reports.
+    #[cfg(test)]
+    pub(crate) fn defaults(names: &[&str]) -> Vec<Self> {
+        names
+            .iter()
+            .map(|n| Self {
+                namespace: "default".into(),
+                name: (*n).into(),
+                uid: (*n).into(),
+            })
+            .collect()
+    }
 }
 
 impl fmt::Display for PodRef {

@@ -7,14 +7,7 @@ use kube::runtime::events::EventType;
 use super::*;
 
 fn pods(names: &[&str]) -> Vec<PodRef> {
-    names
-        .iter()
-        .map(|n| PodRef {
-            namespace: "default".into(),
-            name: (*n).into(),
-            uid: (*n).into(),
-        })
-        .collect()
+    PodRef::defaults(names)
 }
 
 fn report(outcome: DrainOutcome, evicted: &[&str], deleted: &[&str], left: &[&str]) -> DrainReport {
