@@ -64,6 +64,13 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "text")]
         output: StatusOutput,
     },
+    /// Ask for a coordinated reboot of this node (`[reboot]` enabled): the agent reboots it when
+    /// a slot, the window, the blockers, the cluster's health and the budgets allow.
+    Reboot {
+        /// Withdraw this command's request (a sentinel file still asks until removed).
+        #[arg(long)]
+        cancel: bool,
+    },
     /// Validate or show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),

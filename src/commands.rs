@@ -47,6 +47,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Cordon(args) => block_on(cordon(cli.config.as_deref(), args)),
         Command::Uncordon(args) => block_on(uncordon(cli.config.as_deref(), args)),
         Command::Status { output } => block_on(status(cli.config.as_deref(), output)),
+        Command::Reboot { cancel } => reboot(cli.config.as_deref(), cancel),
         Command::Scaler(args) => block_on(scaler(cli.config.as_deref(), args)),
         Command::Controller(args) => block_on(controller(args)),
     }
@@ -458,17 +459,73 @@ async fn status(config: Option<&Path>, output: crate::cli::StatusOutput) -> anyh
     let (settings, _) = crate::config::load(config)?;
     let st = crate::agent::status::read(&settings.agent.status_file)?;
     let client = client_for(None, &settings).await.map_err(|e| describe(&e));
+    let reboot = settings.reboot.enabled.then(|| {
+        let path = crate::reboot::status::path_beside(&settings.agent.status_file);
+        crate::reboot::status::read(&path)
+    });
+    let slots = match (&reboot, &client) {
+        (Some(_), Ok(c)) => Some(crate::reboot::status::slots(c, &settings.reboot).await),
+        _ => None,
+    };
     match output {
         crate::cli::StatusOutput::Text => {
             print!("{st}");
+            if let Some(r) = &reboot {
+                print!(
+                    "{}",
+                    crate::reboot::status::text(r.as_ref(), slots.as_deref())
+                );
+            }
             let live = crate::agent::status::live(&st, client, settings.drain.on_deadline).await;
             print!("{live}");
         }
         crate::cli::StatusOutput::Json => {
-            let doc = crate::agent::status::live_json(&st, client).await;
+            let mut doc = crate::agent::status::live_json(&st, client).await;
+            if let Some(r) = reboot {
+                doc["reboot"] = serde_json::json!({"status": r, "slots": slots});
+            }
             println!("{}", serde_json::to_string_pretty(&doc)?);
         }
     }
+    Ok(EXIT_OK)
+}
+
+/// `nodeward reboot [--cancel]`: writes (or removes) the request file the agent watches.
+fn reboot(config: Option<&Path>, cancel: bool) -> anyhow::Result<u8> {
+    let (settings, _) = crate::config::load(config)?;
+    let s = &settings.reboot;
+    if !s.enabled {
+        anyhow::bail!(
+            "coordinated reboots are off on this node: set enabled = true in [reboot] (/etc/nodeward/config.toml or a config.d drop-in), see docs/src/reboot.md"
+        );
+    }
+    let file = &s.request_file;
+    if cancel {
+        match std::fs::remove_file(file) {
+            Ok(()) => println!("withdrew the reboot request ({})", file.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                println!("no reboot request of nodeward reboot's to withdraw");
+            }
+            Err(e) => anyhow::bail!("cannot remove {}: {e}", file.display()),
+        }
+        if s.sentinel_command.is_none() && s.sentinel.exists() {
+            println!(
+                "{} still asks for a reboot; remove it to withdraw that request too",
+                s.sentinel.display()
+            );
+        }
+        return Ok(EXIT_OK);
+    }
+    let text = format!("asked by nodeward reboot at {}\n", jiff::Timestamp::now());
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    }
+    crate::fsutil::write_private_atomic(file, text.as_bytes())?;
+    println!(
+        "reboot asked for ({}); the agent reboots this node when its slot, window, blockers, the cluster's health and the budgets allow: see nodeward status",
+        file.display()
+    );
     Ok(EXIT_OK)
 }
 

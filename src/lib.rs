@@ -21,6 +21,7 @@ pub mod metrics_http;
 pub mod names;
 pub mod node_write;
 pub mod readiness;
+pub mod reboot;
 pub mod render;
 pub mod resources;
 pub mod scaler;

@@ -26,12 +26,17 @@ pub struct AgentMetrics {
     pub drain: Arc<DrainMetrics>,
     /// Its failed requests to the API server, by verb and code (its client counts them).
     pub api_errors: crate::kube_client::ApiErrors,
+    /// Its coordinated reboots.
+    pub reboot: Arc<crate::reboot::metrics::RebootMetrics>,
 }
 
 impl Default for AgentMetrics {
     fn default() -> Self {
         let mut registry = Registry::default();
         let drain = Arc::new(DrainMetrics::register(&mut registry));
+        let reboot = Arc::new(crate::reboot::metrics::RebootMetrics::register(
+            &mut registry,
+        ));
         let (lock_held, gates_passing, gates_wait_seconds) =
             (Gauge::default(), Gauge::default(), Gauge::default());
         let agent = registry.sub_registry_with_prefix("nodeward_agent");
@@ -64,6 +69,7 @@ impl Default for AgentMetrics {
             gates_wait_seconds,
             passed: std::sync::atomic::AtomicBool::new(false),
             drain,
+            reboot,
         }
     }
 }

@@ -194,7 +194,23 @@ pub async fn run(settings: Settings, node: String, api: ApiAccess) -> Result<(),
         ApiAccess::Kubeconfig(p) => (None, Some(p)),
     };
     let metrics_address = settings.agent.metrics_address;
-    let mut agent = Agent::new(settings, node, client, kubeconfig);
+    let reboot = settings
+        .reboot
+        .enabled
+        .then(|| (settings.clone(), client.clone(), kubeconfig.clone()));
+    let mut agent = Agent::new(settings, node.clone(), client, kubeconfig);
+    // Coordinated reboots run beside the agent's own loop, on their own client and passes: a
+    // slow drain before a reboot never delays the answer to logind.
+    let _reboot = reboot.map(|(settings, client, kubeconfig)| {
+        let parts = crate::reboot::run::Parts {
+            kubeconfig,
+            client,
+            metrics: agent.report.metrics.clone(),
+            status_file: crate::reboot::status::path_beside(&settings.agent.status_file),
+        };
+        let coordinator = crate::reboot::run::Coordinator::new(&settings, node, parts);
+        crate::task::AbortOnDrop(tokio::spawn(coordinator.run()))
+    });
     // A metrics endpoint that cannot listen is logged; the agent's work goes on without it.
     let _metrics = match metrics_address {
         Some(addr) => match crate::metrics_http::serve(addr, agent.report.metrics.clone()).await {

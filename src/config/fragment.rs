@@ -5,6 +5,9 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::Settings;
+use super::reboot::{
+    AlertFilter, Days, HttpUrl, RebootSettings, SelectorText, TimeOfDay, Unavailable, Zone,
+};
 use super::scaler::{
     Argv, BaseUrl, Capacity, CherryGroupSettings, CherrySettings, ExecSettings, Expander,
     GroupEntry, GroupSettings, Groups, IpAddressIds, Label, LabelKeys, Labels, LeaseDuration,
@@ -14,6 +17,8 @@ use super::types::{
     Deadline, NodeName, OnDeadline, Period, Positive, ShutdownPolicy, TaintOwner, Wait, Waves,
 };
 use crate::gate::{ConditionGate, FileGate, HttpGate, PodGate};
+use crate::reboot::window::Window;
+use jiff::civil::Weekday;
 
 /// Declares a fragment section whose fields are all `Option`, with a `merge` where the later
 /// fragment's set fields win.
@@ -48,6 +53,109 @@ pub(crate) struct Fragment {
     shutdown: Option<ShutdownFragment>,
     /// `[scaler]`
     scaler: Option<ScalerFragment>,
+    /// `[reboot]`
+    reboot: Option<RebootFragment>,
+}
+
+fragment!(
+    /// `[reboot]`
+    RebootFragment {
+        /// On/off.
+        enabled: bool,
+        /// Sentinel file.
+        sentinel: PathBuf,
+        /// Sentinel command.
+        sentinel_command: Argv,
+        /// `nodeward reboot`'s request file.
+        request_file: PathBuf,
+        /// Check period.
+        period: Period,
+        /// Slots.
+        concurrency: Positive,
+        /// Slot namespace.
+        namespace: Label,
+        /// Slot Lease duration.
+        lease_duration: LeaseDuration,
+        /// Window days.
+        days: Days,
+        /// Window start.
+        start_time: TimeOfDay,
+        /// Window end.
+        end_time: TimeOfDay,
+        /// Window zone.
+        time_zone: Zone,
+        /// Blocking pods on this node.
+        blocking_pods: SelectorText,
+        /// Blocking pods anywhere.
+        blocking_pods_anywhere: SelectorText,
+        /// Prometheus API.
+        prometheus_url: HttpUrl,
+        /// Ignored alerts.
+        alerts_ignored: AlertFilter,
+        /// Health gate.
+        max_unavailable: Unavailable,
+        /// Drain deadline.
+        drain_timeout: Deadline,
+        /// Settle time.
+        settle_time: Wait,
+        /// Reboot command.
+        reboot_command: Argv,
+    }
+);
+
+impl RebootFragment {
+    fn into_settings(self, d: RebootSettings) -> RebootSettings {
+        let w = Window::default();
+        let (zone_name, zone) = self.time_zone.map_or_else(
+            || ("UTC".to_string(), jiff::tz::TimeZone::UTC),
+            |z| (z.0, z.1),
+        );
+        let window = if self.days.is_none()
+            && self.start_time.is_none()
+            && self.end_time.is_none()
+            && zone_name == "UTC"
+        {
+            w
+        } else {
+            let all = [
+                Weekday::Monday,
+                Weekday::Tuesday,
+                Weekday::Wednesday,
+                Weekday::Thursday,
+                Weekday::Friday,
+                Weekday::Saturday,
+                Weekday::Sunday,
+            ];
+            let days = self.days.map_or_else(|| all.to_vec(), |x| x.0);
+            let start = self
+                .start_time
+                .map_or(jiff::civil::Time::midnight(), |t| t.0);
+            let end = self.end_time.map_or(jiff::civil::Time::midnight(), |t| t.0);
+            Window::new(&days, start, end, zone, &zone_name)
+        };
+        RebootSettings {
+            enabled: self.enabled.unwrap_or(d.enabled),
+            sentinel: self.sentinel.unwrap_or(d.sentinel),
+            sentinel_command: self.sentinel_command.map(|a| a.0).or(d.sentinel_command),
+            request_file: self.request_file.unwrap_or(d.request_file),
+            period: self.period.map_or(d.period, |t| t.0),
+            concurrency: self.concurrency.map_or(d.concurrency, |c| c.0),
+            namespace: self.namespace.map_or(d.namespace, |l| l.0),
+            lease_duration: self.lease_duration.map_or(d.lease_duration, |t| t.0),
+            window,
+            blocking_pods: self.blocking_pods.map(|s| s.0).or(d.blocking_pods),
+            blocking_pods_anywhere: self
+                .blocking_pods_anywhere
+                .map(|s| s.0)
+                .or(d.blocking_pods_anywhere),
+            prometheus_url: self.prometheus_url.map(|u| u.0).or(d.prometheus_url),
+            alerts_ignored: self.alerts_ignored.or(d.alerts_ignored),
+            max_unavailable: self.max_unavailable.or(d.max_unavailable),
+            drain_timeout: self.drain_timeout.map_or(d.drain_timeout, |t| t.0),
+            settle_time: self.settle_time.map_or(d.settle_time, |t| t.0),
+            reboot_command: self.reboot_command.map(|a| a.0).or(d.reboot_command),
+        }
+    }
 }
 
 fragment!(
@@ -456,6 +564,9 @@ impl Fragment {
         if let Some(b) = later.scaler {
             self.scaler.get_or_insert_default().merge_nested(b);
         }
+        if let Some(b) = later.reboot {
+            self.reboot.get_or_insert_default().merge(b);
+        }
     }
 
     /// Fills every unset key from [`Settings::default`].
@@ -467,6 +578,7 @@ impl Fragment {
         let gates = self.gates.unwrap_or_default();
         let shutdown = self.shutdown.unwrap_or_default();
         let scaler = self.scaler.unwrap_or_default().into_settings(d.scaler);
+        let reboot = self.reboot.unwrap_or_default().into_settings(d.reboot);
         Settings {
             node: super::NodeSettings {
                 name: node.name.map(|n| n.0).or(d.node.name),
@@ -521,6 +633,7 @@ impl Fragment {
                 logind_dropin: shutdown.logind_dropin.unwrap_or(d.shutdown.logind_dropin),
             },
             scaler,
+            reboot,
         }
     }
 }

@@ -9,12 +9,14 @@
 
 pub mod effective;
 mod fragment;
+mod reboot;
 mod scaler;
 mod types;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use reboot::{AlertFilter, RebootSettings, Unavailable};
 pub use scaler::{
     Capacity, CherryGroupSettings, CherrySettings, ExecSettings, Expander, GroupSettings,
     ProviderKind, ScalerSettings,
@@ -69,6 +71,8 @@ pub struct Settings {
     pub shutdown: ShutdownSettings,
     /// The central scaler.
     pub scaler: ScalerSettings,
+    /// Coordinated reboots.
+    pub reboot: RebootSettings,
 }
 
 /// `[agent]`: the node agent's own behaviour.
@@ -234,6 +238,7 @@ impl Default for Settings {
                 logind_dropin: PathBuf::from("/etc/systemd/logind.conf.d/90-nodeward.conf"),
             },
             scaler: ScalerSettings::default(),
+            reboot: RebootSettings::default(),
         }
     }
 }

@@ -580,6 +580,17 @@ pub async fn drain(client: &Client, node: &str, opts: &DrainOptions) -> Result<D
 
 /// Computes the plan a drain would follow, changing nothing.
 pub async fn dry_run(client: &Client, node: &str, opts: &DrainOptions) -> Result<Plan> {
+    dry_run_with_pods(client, node, opts)
+        .await
+        .map(|(plan, _)| plan)
+}
+
+/// [`dry_run`], with the node's pods it planned for.
+pub async fn dry_run_with_pods(
+    client: &Client,
+    node: &str,
+    opts: &DrainOptions,
+) -> Result<(Plan, Vec<Pod>)> {
     let nodes: Api<Node> = Api::all(client.clone());
     nodes.get(node).await.map_err(api_err(node, "get"))?;
     let pods: Api<Pod> = Api::all(client.clone());
@@ -610,7 +621,8 @@ pub async fn dry_run(client: &Client, node: &str, opts: &DrainOptions) -> Result
         })
         .collect();
     let exists = |ns: &str, name: &str| present.contains(&(ns, name));
-    Ok(Plan::new(&list.items, &opts.plan, &exists))
+    let plan = Plan::new(&list.items, &opts.plan, &exists);
+    Ok((plan, list.items))
 }
 
 /// Whether the DaemonSet `namespace/name` is in the drain's watch cache.

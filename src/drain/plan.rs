@@ -602,6 +602,28 @@ pub fn budgets_for<'a>(
         .collect()
 }
 
+/// The budgets that would refuse evicting all of `pods` now: each budget selecting more of them
+/// than its `disruptionsAllowed`, as "namespace/name allows N, the drain needs M". Empty: the
+/// budgets admit the drain as it stands (a coordinated reboot takes its slot only then).
+pub fn budgets_short(pods: &[&Pod], budgets: &[PodDisruptionBudget]) -> Vec<String> {
+    let mut need: BTreeMap<(String, String), (i32, i32)> = BTreeMap::new();
+    for pod in pods {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        for b in budgets_for(ns, &labels, budgets) {
+            let key = (ns.to_string(), b.metadata.name.clone().unwrap_or_default());
+            let allowed = b.status.as_ref().map_or(0, |s| s.disruptions_allowed);
+            need.entry(key).or_insert((allowed, 0)).1 += 1;
+        }
+    }
+    need.into_iter()
+        .filter(|(_, (allowed, needed))| needed > allowed)
+        .map(|((ns, name), (allowed, needed))| {
+            format!("{ns}/{name} allows {allowed}, the drain needs {needed}")
+        })
+        .collect()
+}
+
 /// The structured cause a refusal carried (`details.causes[].reason`), never its message text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Cause {

@@ -143,6 +143,14 @@ impl Logind {
             .map_err(call("Inhibit"))
     }
 
+    /// Asks logind to reboot the machine (`Reboot(false)`: no interactive authentication; the
+    /// agent runs as root). Delay locks, nodeward's own among them, are honoured as for any
+    /// reboot.
+    #[tracing::instrument(skip(self), err)]
+    pub async fn reboot(&self) -> Result<(), Error> {
+        self.manager.reboot(false).await.map_err(call("Reboot"))
+    }
+
     /// logind's `InhibitDelayMaxUSec`, read fresh.
     #[tracing::instrument(skip(self), err)]
     pub async fn inhibit_delay_max(&self) -> Result<Duration, Error> {

@@ -1,0 +1,238 @@
+use super::*;
+use crate::config::Unavailable;
+
+fn rec(boot: &str) -> Record {
+    Record {
+        slot: "nodeward-reboot-0".into(),
+        boot_id: boot.into(),
+        phase: "rebooting".into(),
+        since: "2026-11-28T08:00:00Z".into(),
+    }
+}
+
+/// (request, record, this boot) → next step.
+#[test]
+fn the_pass_follows_the_record_and_the_request() {
+    let cases = [
+        (None, None, Next::Idle),
+        (Some(Request::Sentinel), None, Next::Try(Request::Sentinel)),
+        (
+            Some(Request::Manual),
+            Some(rec("b1")),
+            Next::Resume(rec("b1")),
+        ),
+        (None, Some(rec("b1")), Next::Abandon(rec("b1"))),
+        // Another boot: the reboot happened, whatever is asked now.
+        (None, Some(rec("b0")), Next::Back(rec("b0"))),
+        (
+            Some(Request::Sentinel),
+            Some(rec("b0")),
+            Next::Back(rec("b0")),
+        ),
+    ];
+    for (requested, record, want) in cases {
+        assert_eq!(
+            next(requested, record.clone(), "b1"),
+            want,
+            "{requested:?} {record:?}"
+        );
+    }
+}
+
+fn clear() -> Before {
+    Before {
+        pods: vec![],
+        alerts: Ok(vec![]),
+        unavailable: vec![],
+        nodes: 8,
+        budgets: vec![],
+    }
+}
+
+/// Each check holds the slot on its own, in the order blockers, alerts, health, budgets.
+#[test]
+fn every_check_holds_the_slot_and_says_why() {
+    let s = RebootSettings {
+        concurrency: 2,
+        ..RebootSettings::default()
+    };
+    assert_eq!(may_take_slot(&s, &clear()), Ok(()));
+    let cases: [(Box<dyn Fn(&mut Before)>, &str); 6] = [
+        (
+            Box::new(|b| b.pods = vec!["db/backup-1".into()]),
+            "BlockedByPods",
+        ),
+        (
+            Box::new(|b| b.alerts = Ok(vec!["DiskFull".into()])),
+            "BlockedByAlerts",
+        ),
+        (
+            Box::new(|b| b.alerts = Err("connection refused".into())),
+            "BlockedByAlerts",
+        ),
+        // concurrency 2: one other unavailable plus this node is 2, allowed...
+        (
+            Box::new(|b| b.unavailable = vec!["n1 (NotReady)".into(), "n2 (cordoned)".into()]),
+            "WaitingForHealth",
+        ),
+        (
+            Box::new(|b| b.budgets = vec!["web/web allows 0, needs 1".into()]),
+            "WaitingForBudgets",
+        ),
+        (
+            Box::new(|b| {
+                b.budgets = vec!["x".into()];
+                b.pods = vec!["y".into()];
+            }),
+            "BlockedByPods",
+        ),
+    ];
+    for (change, reason) in cases {
+        let mut b = clear();
+        change(&mut b);
+        let e = may_take_slot(&s, &b).unwrap_err();
+        assert_eq!(e.reason(), reason, "{}", e.message());
+    }
+    // ...so one other unavailable node passes.
+    let mut b = clear();
+    b.unavailable = vec!["n1 (rebooting)".into()];
+    assert_eq!(may_take_slot(&s, &b), Ok(()));
+}
+
+#[test]
+fn the_health_gate_counts_a_share_of_the_nodes() {
+    let s = RebootSettings {
+        max_unavailable: Some(Unavailable::Percent(25)),
+        ..RebootSettings::default()
+    };
+    let mut b = clear();
+    b.unavailable = vec!["n1 (NotReady)".into()];
+    // 25% of 8 is 2: one other plus this one.
+    assert_eq!(may_take_slot(&s, &b), Ok(()));
+    b.unavailable.push("n2 (NotReady)".into());
+    let e = may_take_slot(&s, &b).unwrap_err();
+    assert!(e.message().contains("at most 2 may be"), "{}", e.message());
+}
+
+fn node(name: &str, ready: bool, cordoned: bool) -> Node {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"unschedulable": cordoned},
+        "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_node_is_unavailable_when_not_ready_cordoned_or_rebooting() {
+    let holders = vec!["n3".to_string()];
+    assert_eq!(unavailable(&node("n1", true, false), &holders), None);
+    assert_eq!(
+        unavailable(&node("n1", false, false), &holders),
+        Some("NotReady")
+    );
+    assert_eq!(
+        unavailable(&node("n1", true, true), &holders),
+        Some("cordoned")
+    );
+    assert_eq!(
+        unavailable(&node("n3", true, false), &holders),
+        Some("rebooting")
+    );
+}
+
+#[test]
+fn the_record_is_read_from_the_node_annotation() {
+    let mut n = node("n1", true, false);
+    assert_eq!(record(&n), None);
+    n.metadata.annotations = Some(
+        [(
+            RECORD.to_string(),
+            serde_json::to_string(&rec("b0")).unwrap(),
+        )]
+        .into(),
+    );
+    assert_eq!(record(&n), Some(rec("b0")));
+    n.metadata.annotations = Some([(RECORD.to_string(), "{not json".to_string())].into());
+    assert_eq!(record(&n), None);
+}
+
+fn at(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+/// A node coming back is waited for gate by gate, uncordoned, then settles before its slot goes.
+#[test]
+fn a_returning_node_releases_its_slot_only_after_it_settled() {
+    let settle = Duration::from_secs(60);
+    let now = at("2026-11-28T09:00:00Z");
+    let back_ok = Return {
+        kubelet_ready: true,
+        gates_pass: true,
+        startup_taint: false,
+        cordon: Cordon::None,
+    };
+    let cases = [
+        (
+            Return {
+                kubelet_ready: false,
+                ..back_ok
+            },
+            None,
+            BackStep::Wait("kubelet's Ready condition"),
+        ),
+        (
+            Return {
+                gates_pass: false,
+                ..back_ok
+            },
+            None,
+            BackStep::Wait("the readiness gates (nodeward.io/Ready)"),
+        ),
+        (
+            Return {
+                startup_taint: true,
+                ..back_ok
+            },
+            None,
+            BackStep::Wait("the startup taint's removal"),
+        ),
+        (
+            Return {
+                cordon: Cordon::Ours,
+                ..back_ok
+            },
+            None,
+            BackStep::Uncordon,
+        ),
+        (
+            back_ok,
+            None,
+            BackStep::Settle {
+                since: now,
+                until: at("2026-11-28T09:01:00Z"),
+            },
+        ),
+        (
+            back_ok,
+            Some(at("2026-11-28T08:59:30Z")),
+            BackStep::Settle {
+                since: at("2026-11-28T08:59:30Z"),
+                until: at("2026-11-28T09:00:30Z"),
+            },
+        ),
+        (back_ok, Some(at("2026-11-28T08:59:00Z")), BackStep::Release),
+        // An administrator's cordon is theirs: the reboot is over without lifting it.
+        (
+            Return {
+                cordon: Cordon::Other,
+                ..back_ok
+            },
+            Some(at("2026-11-28T08:58:00Z")),
+            BackStep::Release,
+        ),
+    ];
+    for (r, since, want) in cases {
+        assert_eq!(back(r, since, settle, now), want, "{r:?} {since:?}");
+    }
+}

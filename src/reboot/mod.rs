@@ -1,0 +1,44 @@
+//! Coordinated reboots: a fleet whose nodes ask for a reboot (a kernel update's
+//! `/var/run/reboot-required`, a command, `nodeward reboot`) reboots `concurrency` nodes at a
+//! time, each only inside its maintenance window, with no blocking pod or firing alert, with the
+//! cluster healthy and the node's budgets admitting its drain; it drains first, reboots only if the
+//! drain finished, and gives its slot to the next node only once it is back, its gates pass, its
+//! cordon is lifted and a settle time has passed.
+//!
+//! A slot is a `coordination.k8s.io/v1` Lease `nodeward-reboot-N` held by the node's name and
+//! renewed by its agent ([`crate::lease::Elector`]): a dead holder's slot frees itself when the
+//! Lease expires. What the node is doing is recorded on its own Node (annotation
+//! [`decide::RECORD`]: the slot and the boot it was taken in), so the agent that starts after
+//! the reboot knows it was one; the `nodeward.io/Reboot` condition, Events, `nodeward status`
+//! and `nodeward_reboot_*` say what it waits for.
+//!
+//! The decisions are pure ([`decide`], [`window`]); [`run`] gathers the facts and acts.
+
+pub mod alerts;
+pub mod decide;
+pub mod metrics;
+pub mod run;
+pub mod status;
+pub mod window;
+
+/// Slot Leases are named this, then the slot's number.
+pub const SLOT_PREFIX: &str = "nodeward-reboot-";
+
+/// The Node condition the coordinator writes.
+pub const CONDITION_TYPE: &str = "nodeward.io/Reboot";
+
+/// kured's lock annotation (on its DaemonSet), whose presence means kured reboots nodes here.
+pub const KURED_LOCK: &str = "weave.works/kured-node-lock";
+
+/// Where the kernel says which boot this is.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// This boot's id: `NODEWARD_BOOT_ID_FILE`'s content when set (tests, which reboot an agent
+/// without rebooting the machine), else the kernel's.
+pub fn boot_id() -> String {
+    let path = std::env::var_os("NODEWARD_BOOT_ID_FILE")
+        .map_or_else(|| BOOT_ID.into(), std::path::PathBuf::from);
+    std::fs::read_to_string(&path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
