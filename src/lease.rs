@@ -199,16 +199,19 @@ impl Elector {
         until
     }
 
-    /// Reads the Lease and what to do with it now, writing nothing: `(the Lease, its step)`,
-    /// the observation clock moved on. `None`: it cannot be read.
-    async fn read(&self, state: &mut State) -> Option<(Option<Lease>, Step)> {
+    async fn round(&self, state: &mut State) -> Option<Instant> {
+        let started = Instant::now();
+        let now = Timestamp::now();
         let current = match self.api.get_opt(&self.name).await {
             Ok(l) => l,
             Err(e) => {
-                warn!(lease = %self.name, error = %e, "cannot read the Lease");
+                warn!(lease = %self.name, error = %e, "cannot read the leader Lease");
                 return None;
             }
         };
+        let secs = i32::try_from(self.duration.as_secs())
+            .unwrap_or(i32::MAX)
+            .max(1);
         let read_at = Instant::now();
         let record = current.as_ref().map(view);
         let observed_at = match &record {
@@ -224,23 +227,6 @@ impl Elector {
             }
         };
         let decision = step(record.as_ref(), &self.me, observed_at, read_at);
-        Some((current, decision))
-    }
-
-    /// What [`Elector::try_acquire`] would do now, writing nothing (the observation that
-    /// judges a silent holder's expiry moves on all the same). `None`: the Lease cannot be read.
-    pub async fn peek(&self) -> Option<Step> {
-        let mut state = self.state.lock().await;
-        self.read(&mut state).await.map(|(_, step)| step)
-    }
-
-    async fn round(&self, state: &mut State) -> Option<Instant> {
-        let started = Instant::now();
-        let now = Timestamp::now();
-        let secs = i32::try_from(self.duration.as_secs())
-            .unwrap_or(i32::MAX)
-            .max(1);
-        let (current, decision) = self.read(state).await?;
         let result = self.write(&decision, current, now, secs).await?;
         match result {
             Ok(written) => {

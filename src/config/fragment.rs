@@ -94,6 +94,8 @@ fragment!(
         alerts_ignored: AlertFilter,
         /// Health gate.
         max_unavailable: Unavailable,
+        /// Nodes the health gate counts.
+        health_nodes: SelectorText,
         /// Drain deadline.
         drain_timeout: Deadline,
         /// Settle time.
@@ -151,6 +153,7 @@ impl RebootFragment {
             prometheus_url: self.prometheus_url.map(|u| u.0).or(d.prometheus_url),
             alerts_ignored: self.alerts_ignored.or(d.alerts_ignored),
             max_unavailable: self.max_unavailable.or(d.max_unavailable),
+            health_nodes: self.health_nodes.map(|s| s.0).or(d.health_nodes),
             drain_timeout: self.drain_timeout.map_or(d.drain_timeout, |t| t.0),
             settle_time: self.settle_time.map_or(d.settle_time, |t| t.0),
             reboot_command: self.reboot_command.map(|a| a.0).or(d.reboot_command),

@@ -22,9 +22,9 @@ pub struct RebootSettings {
     pub request_file: PathBuf,
     /// How often the conditions are checked again while a reboot is wanted.
     pub period: Duration,
-    /// Nodes rebooting at once, cluster-wide: the number of slot Leases.
+    /// Nodes rebooting at once, cluster-wide: the number of slots.
     pub concurrency: u32,
-    /// Where the slot Leases live.
+    /// Where the slots (ConfigMaps) live.
     pub namespace: String,
     /// A slot whose holder stopped renewing frees itself after this long.
     pub lease_duration: Duration,
@@ -41,6 +41,8 @@ pub struct RebootSettings {
     /// Nodes that may be unavailable at once (NotReady, cordoned or rebooting), this one
     /// included; `None`: `concurrency`.
     pub max_unavailable: Option<Unavailable>,
+    /// Which nodes the health gate counts (`None`: all).
+    pub health_nodes: Option<Selector>,
     /// The reboot's drain deadline; a drain that does not finish by then does not reboot.
     pub drain_timeout: Duration,
     /// How long the node must stay back (gates passing, schedulable) before its slot goes to
@@ -71,6 +73,7 @@ impl Default for RebootSettings {
             prometheus_url: None,
             alerts_ignored: None,
             max_unavailable: None,
+            health_nodes: None,
             // No logind cap applies (the drain runs before the reboot is asked for), and a
             // budget's replacement may need a fresh node from the scaler.
             drain_timeout: Duration::from_secs(600),
@@ -93,7 +96,7 @@ impl RebootSettings {
         }
     }
 
-    /// The slot Leases' names.
+    /// The slots' names.
     pub fn slot_names(&self) -> Vec<String> {
         (0..self.concurrency)
             .map(|i| format!("{}{i}", crate::reboot::SLOT_PREFIX))

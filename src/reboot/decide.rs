@@ -36,7 +36,7 @@ impl std::fmt::Display for Request {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Record {
-    /// The slot Lease held.
+    /// The slot held.
     pub slot: String,
     /// The boot the slot was taken in.
     pub boot_id: String,

@@ -5,9 +5,9 @@
 //! drain finished, and gives its slot to the next node only once it is back, its gates pass, its
 //! cordon is lifted and a settle time has passed.
 //!
-//! A slot is a `coordination.k8s.io/v1` Lease `nodeward-reboot-N` held by the node's name and
-//! renewed by its agent ([`crate::lease::Elector`]): a dead holder's slot frees itself when the
-//! Lease expires. What the node is doing is recorded on its own Node (annotation
+//! A slot is a ConfigMap `nodeward-reboot-N` held in the node's name and renewed by its agent,
+//! with a Lease's fields and rules ([`slot`]; a kubelet identity may write no Lease but its own
+//! heartbeat): a dead holder's slot frees itself when its duration passes unrenewed. What the node is doing is recorded on its own Node (annotation
 //! [`decide::RECORD`]: the slot and the boot it was taken in), so the agent that starts after
 //! the reboot knows it was one; the `nodeward.io/Reboot` condition, Events, `nodeward status`
 //! and `nodeward_reboot_*` say what it waits for.
@@ -18,10 +18,11 @@ pub mod alerts;
 pub mod decide;
 pub mod metrics;
 pub mod run;
+pub mod slot;
 pub mod status;
 pub mod window;
 
-/// Slot Leases are named this, then the slot's number.
+/// Slots are named this, then the slot's number.
 pub const SLOT_PREFIX: &str = "nodeward-reboot-";
 
 /// The Node condition the coordinator writes.

@@ -16,12 +16,13 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::decide::{self, BackStep, Before, Cordon, Next, Record, Request, Return, Wait};
+use super::slot::Slot;
 use super::status::RebootStatus;
 use super::{KURED_LOCK, SLOT_PREFIX};
 use crate::config::{DrainSettings, RebootSettings};
 use crate::drain::exec::{DrainOptions, DrainReport};
 use crate::drain::step::DrainOutcome;
-use crate::lease::{Elector, Step};
+use crate::lease::Step;
 use crate::reboot::metrics::RebootMetrics;
 
 /// How long one request may take.
@@ -40,7 +41,7 @@ pub struct Coordinator {
     node: String,
     kubeconfig: Option<PathBuf>,
     client: Option<kube::Client>,
-    slots: Vec<Elector>,
+    slots: Vec<Slot>,
     boot_id: String,
     metrics: Arc<RebootMetrics>,
     drain_metrics: Arc<crate::drain::metrics::DrainMetrics>,
@@ -197,7 +198,7 @@ impl Coordinator {
                 .slot_names()
                 .iter()
                 .map(|name| {
-                    Elector::new(
+                    Slot::new(
                         client.clone(),
                         &self.s.namespace,
                         name,
@@ -271,7 +272,7 @@ impl Coordinator {
             return self.waiting(client, w).await;
         }
         for i in free {
-            if self.slots[i].try_acquire().await.is_some() {
+            if self.slots[i].try_acquire().await {
                 let slot = self.s.slot_names()[i].clone();
                 return self.take(client, q, slot).await;
             }
@@ -373,7 +374,11 @@ impl Coordinator {
     /// The other nodes that are unavailable, and how many nodes there are.
     async fn unavailable(&self, client: &kube::Client, holders: &[String]) -> (Vec<String>, u32) {
         let nodes: Api<Node> = Api::all(client.clone());
-        match nodes.list(&ListParams::default()).await {
+        let mut lp = ListParams::default();
+        if let Some(sel) = &self.s.health_nodes {
+            lp = lp.labels(&sel.to_string());
+        }
+        match nodes.list(&lp).await {
             Ok(l) => {
                 let out = l
                     .items
@@ -421,6 +426,7 @@ impl Coordinator {
         let changed = self.status.reason() != Some(w.reason());
         self.show("waiting", Some(w.reason()), &w.message(), None);
         if changed {
+            info!(reason = w.reason(), "reboot waits: {}", w.message());
             self.condition(client, false, w.reason(), &w.message())
                 .await;
             self.event(client, false, w.reason(), w.message()).await;
@@ -473,12 +479,12 @@ impl Coordinator {
 
     /// Taken in this boot before the agent restarted: go on if the slot is still ours.
     async fn resume(&mut self, client: &kube::Client, r: Record) -> Duration {
-        let Some(e) = self.elector(&r.slot) else {
+        let Some(e) = self.slot(&r.slot) else {
             self.give_back(client, &r, "its slot is no longer configured", "abandoned")
                 .await;
             return self.s.period;
         };
-        if e.try_acquire().await.is_none() {
+        if !e.try_acquire().await {
             let why = "its slot was taken by another node meanwhile";
             self.give_back(client, &r, why, "abandoned").await;
             return self.s.period;
@@ -527,6 +533,7 @@ impl Coordinator {
         self.condition(client, true, "Rebooting", "drained; rebooting")
             .await;
         let note = format!("drained; rebooting (slot {})", r.slot);
+        info!(slot = %r.slot, "drained; rebooting");
         self.event(client, false, "Rebooting", note).await;
         let asked = self.reboot().await;
         if let Err(e) = asked {
@@ -566,9 +573,9 @@ impl Coordinator {
             .map_err(|e| format!("logind refused to reboot: {e}"))
     }
 
-    /// Runs `work`, renewing the slot `slot` every third of the Lease's duration meanwhile.
+    /// Runs `work`, renewing the slot `slot` every third of its duration meanwhile.
     async fn renewing<T>(&self, slot: &str, work: impl std::future::Future<Output = T>) -> T {
-        let Some(e) = self.elector(slot) else {
+        let Some(e) = self.slot(slot) else {
             return work.await;
         };
         let mut tick = tokio::time::interval(self.s.lease_duration / 3);
@@ -578,7 +585,7 @@ impl Coordinator {
             tokio::select! {
                 out = &mut work => return out,
                 _ = tick.tick() => {
-                    if e.try_acquire().await.is_none() {
+                    if !e.try_acquire().await {
                         warn!(slot, "cannot renew the reboot slot");
                     }
                 }
@@ -586,13 +593,13 @@ impl Coordinator {
         }
     }
 
-    fn elector(&self, slot: &str) -> Option<&Elector> {
+    fn slot(&self, slot: &str) -> Option<&Slot> {
         let i = slot.strip_prefix(SLOT_PREFIX)?.parse::<usize>().ok()?;
         self.slots.get(i)
     }
 
     async fn release(&self, slot: &str) {
-        if let Some(e) = self.elector(slot) {
+        if let Some(e) = self.slot(slot) {
             e.release().await;
         }
     }
@@ -630,7 +637,7 @@ impl Coordinator {
     /// The node rebooted: wait until it is back, lift the reboot's cordon, settle, give the
     /// slot to the next node.
     async fn back(&mut self, client: &kube::Client, me: &Node, r: Record) -> Duration {
-        if let Some(e) = self.elector(&r.slot)
+        if let Some(e) = self.slot(&r.slot)
             && e.peek().await == Some(Step::Renew)
         {
             e.try_acquire().await;

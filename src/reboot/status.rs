@@ -95,43 +95,54 @@ pub fn lines(s: &RebootStatus) -> Vec<String> {
     out
 }
 
-/// Who holds each slot, read from the Leases: `(slot, holder or None, renewed at)`.
-pub async fn slots(
-    client: &kube::Client,
-    s: &crate::config::RebootSettings,
-) -> Vec<(String, Option<String>, Option<String>)> {
-    let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+/// One slot as `nodeward status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SlotHolder {
+    /// The slot's name.
+    pub slot: String,
+    /// Its holder; `None`: free.
+    pub holder: Option<String>,
+    /// When the holder last renewed it.
+    pub renewed: Option<String>,
+}
+
+/// Who holds each slot.
+pub async fn slots(client: &kube::Client, s: &crate::config::RebootSettings) -> Vec<SlotHolder> {
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
         kube::Api::namespaced(client.clone(), &s.namespace);
     let mut out = Vec::new();
     for name in s.slot_names() {
-        let lease = api.get_opt(&name).await.ok().flatten();
-        let spec = lease.and_then(|l| l.spec);
-        let holder = spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.clone())
-            .filter(|h| !h.is_empty());
-        let renewed = spec.and_then(|s| s.renew_time).map(|t| t.0.to_string());
-        out.push((name, holder, renewed));
+        let view = api
+            .get_opt(&name)
+            .await
+            .ok()
+            .flatten()
+            .map(|c| super::slot::view(&c));
+        let holder = view.as_ref().and_then(|v| v.holder.clone());
+        let renewed = view.and_then(|v| v.renewed).map(|t| t.to_string());
+        out.push(SlotHolder {
+            slot: name,
+            holder,
+            renewed,
+        });
     }
     out
 }
 
 /// The reboot part of `nodeward status`'s text.
-pub fn text(
-    st: Option<&RebootStatus>,
-    slots: Option<&[(String, Option<String>, Option<String>)]>,
-) -> String {
+pub fn text(st: Option<&RebootStatus>, slots: Option<&[SlotHolder]>) -> String {
     let mut out = match st {
         Some(s) => lines(s),
         None => vec!["reboot: enabled; the agent has not reported yet".to_string()],
     };
-    for (name, holder, renewed) in slots.unwrap_or_default() {
-        out.push(match holder {
+    for s in slots.unwrap_or_default() {
+        out.push(match &s.holder {
             Some(h) => format!(
-                "  {name}: held by {h} (renewed {})",
-                renewed.as_deref().unwrap_or("never")
+                "  {}: held by {h} (renewed {})",
+                s.slot,
+                s.renewed.as_deref().unwrap_or("never")
             ),
-            None => format!("  {name}: free"),
+            None => format!("  {}: free", s.slot),
         });
     }
     let mut text = out.join("\n");

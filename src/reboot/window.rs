@@ -166,7 +166,7 @@ impl Window {
         }
         let days: Vec<&str> = (0..7)
             .filter(|&i| self.days[i])
-            .map(|i| &DAY_ABBREV[i][..])
+            .map(|i| DAY_ABBREV[i])
             .collect();
         format!(
             "{} {}-{} {}",

@@ -358,6 +358,16 @@ impl Proc {
         bus: Option<&str>,
         setup: impl FnOnce(&Path) -> Vec<String>,
     ) -> Self {
+        Self::spawn_with_env(args, bus, &[], setup)
+    }
+
+    /// [`Proc::spawn_on_bus`] with extra environment variables.
+    pub fn spawn_with_env(
+        args: &[&str],
+        bus: Option<&str>,
+        env: &[(&str, &str)],
+        setup: impl FnOnce(&Path) -> Vec<String>,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let extra = setup(dir.path());
         let log = dir.path().join("log");
@@ -373,6 +383,7 @@ impl Proc {
                     str::to_string,
                 ),
             )
+            .envs(env.iter().copied())
             .env_remove("NOTIFY_SOCKET")
             .env_remove("JOURNAL_STREAM")
             .stdout(std::process::Stdio::null())
@@ -456,11 +467,22 @@ pub fn spawn_agent_with_logind(
     extra_toml: &str,
     logind: Option<(&str, &Path)>,
 ) -> Proc {
+    spawn_agent_with_env(node, kubeconfig, extra_toml, logind, &[])
+}
+
+/// [`spawn_agent_with_logind`] with extra environment variables.
+pub fn spawn_agent_with_env(
+    node: &str,
+    kubeconfig: &Path,
+    extra_toml: &str,
+    logind: Option<(&str, &Path)>,
+    env: &[(&str, &str)],
+) -> Proc {
     let node = node.to_string();
     let kubeconfig = kubeconfig.to_path_buf();
     let extra_toml = extra_toml.to_string();
     let dropin_dir = logind.map(|(_, d)| d.to_path_buf());
-    Proc::spawn_on_bus(&["agent"], logind.map(|(b, _)| b), move |dir| {
+    Proc::spawn_with_env(&["agent"], logind.map(|(b, _)| b), env, move |dir| {
         let dropin = dropin_dir.unwrap_or_else(|| dir.to_path_buf());
         let config = dir.join("config.toml");
         std::fs::write(

@@ -57,7 +57,8 @@ fn every_check_holds_the_slot_and_says_why() {
         ..RebootSettings::default()
     };
     assert_eq!(may_take_slot(&s, &clear()), Ok(()));
-    let cases: [(Box<dyn Fn(&mut Before)>, &str); 6] = [
+    type Change = Box<dyn Fn(&mut Before)>;
+    let cases: [(Change, &str); 6] = [
         (
             Box::new(|b| b.pods = vec!["db/backup-1".into()]),
             "BlockedByPods",

@@ -1,0 +1,651 @@
+//! Coordinated reboots on the real control plane: agents with their own node identities
+//! (`system:node:NAME`, NodeRestriction, the shipped RBAC and admission policies), kwok playing
+//! the kubelets. A "reboot" is the agent's `reboot_command` leaving a mark; the test then does
+//! what a reboot does to the agent: kills it without a goodbye, gives the machine a new boot ID
+//! (`NODEWARD_BOOT_ID_FILE`), removes the sentinel (it lives on tmpfs) and starts it again.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Cluster, Proc, spawn_agent_with_env, unique, write_flannel};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+
+const SLOT_NS: &str = "kube-system";
+
+/// One node of the fleet: where its "machine" keeps what survives the agent (the boot ID, the
+/// sentinel, the reboot mark), and its agent.
+struct Machine {
+    name: String,
+    disk: tempfile::TempDir,
+    agent: Option<Proc>,
+    reboots: u32,
+    toml: String,
+}
+
+impl Machine {
+    fn boot_id(&self) -> PathBuf {
+        self.disk.path().join("boot_id")
+    }
+    fn sentinel(&self) -> PathBuf {
+        self.disk.path().join("reboot-required")
+    }
+    fn mark(&self) -> PathBuf {
+        self.disk.path().join("rebooted")
+    }
+
+    /// A machine for `name` whose agent has `[reboot]` on with `extra` keys.
+    fn new(name: &str, extra: &str) -> Self {
+        let disk = tempfile::tempdir().expect("tempdir");
+        let d = disk.path();
+        std::fs::write(d.join("boot_id"), "boot-0\n").expect("boot id");
+        let toml = format!(
+            r#"metrics_address = ""
+[reboot]
+enabled = true
+period = "1s"
+settle_time = "2s"
+drain_timeout = "60s"
+sentinel = "{sentinel}"
+request_file = "{request}"
+{command}
+{extra}
+"#,
+            command = if extra.contains("reboot_command") {
+                String::new()
+            } else {
+                format!(
+                    "reboot_command = [\"touch\", \"{}\"]",
+                    d.join("rebooted").display()
+                )
+            },
+            sentinel = d.join("reboot-required").display(),
+            request = d.join("reboot-requested").display(),
+        );
+        Self {
+            name: name.to_string(),
+            disk,
+            agent: None,
+            reboots: 0,
+            toml,
+        }
+    }
+
+    fn start(&mut self, cluster: &Cluster) {
+        let boot = self.boot_id().display().to_string();
+        let agent = spawn_agent_with_env(
+            &self.name,
+            &cluster.node_kubeconfig(&self.name),
+            &self.toml,
+            None,
+            &[("NODEWARD_BOOT_ID_FILE", &boot)],
+        );
+        write_flannel(&agent);
+        self.agent = Some(agent);
+    }
+
+    /// Writes the sentinel as unattended-upgrades does (its text, then a rename).
+    fn ask(&self) {
+        let tmp = self.disk.path().join(".reboot-required.tmp");
+        std::fs::write(&tmp, "*** System restart required ***\n").expect("sentinel");
+        std::fs::rename(&tmp, self.sentinel()).expect("sentinel");
+    }
+
+    /// If the agent asked for a reboot: do to it what a reboot does, and start it again.
+    fn reboot_if_asked(&mut self, cluster: &Cluster) -> bool {
+        if !self.mark().exists() {
+            return false;
+        }
+        if let Some(mut a) = self.agent.take() {
+            a.kill();
+        }
+        self.reboots += 1;
+        std::fs::write(self.boot_id(), format!("boot-{}\n", self.reboots)).expect("boot id");
+        let _ = std::fs::remove_file(self.sentinel());
+        std::fs::remove_file(self.mark()).expect("mark");
+        self.start(cluster);
+        true
+    }
+
+    fn log(&self) -> String {
+        self.agent.as_ref().map(Proc::log_text).unwrap_or_default()
+    }
+}
+
+/// The slots' holders.
+async fn holders(admin: &kube::Client, n: u32) -> Vec<Option<String>> {
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), SLOT_NS);
+    let mut out = Vec::new();
+    for i in 0..n {
+        let c = api
+            .get_opt(&format!("nodeward-reboot-{i}"))
+            .await
+            .expect("get slot");
+        out.push(c.and_then(|c| nodeward::reboot::slot::view(&c).holder));
+    }
+    out
+}
+
+/// Deletes the slots, so each scenario starts with free ones.
+async fn free_slots(admin: &kube::Client) {
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), SLOT_NS);
+    for i in 0..16 {
+        let _ = api
+            .delete(&format!("nodeward-reboot-{i}"), &DeleteParams::default())
+            .await;
+    }
+}
+
+fn reboot_condition(n: &Node) -> Option<(String, String)> {
+    let c = nodeward::node_write::condition(n, nodeward::reboot::CONDITION_TYPE)?;
+    Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+/// Whether nodeward's cordon for a reboot is on `n`.
+fn cordoned_for_reboot(n: &Node) -> bool {
+    nodeward::drain::cordon::is_cordoned(n)
+        && nodeward::drain::cordon::nodeward_cordon(n).is_some_and(|r| r.reason == "reboot")
+}
+
+/// What the test sees from outside, on watches of the fleet's Nodes and its budget.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Nodes cordoned for a reboot now.
+    cordoned: BTreeSet<String>,
+    /// The most at once.
+    most_cordoned: usize,
+    /// When each node was first cordoned for a reboot, and last uncordoned (since start).
+    phases: BTreeMap<String, (Option<Duration>, Option<Duration>)>,
+    /// Budget status seen with fewer healthy pods than desired.
+    violations: Vec<String>,
+    /// Nodes seen with each condition reason.
+    reasons: BTreeMap<String, BTreeSet<String>>,
+}
+
+fn observe(admin: &kube::Client, pool: &str, ns: Option<&str>) -> Arc<Mutex<Seen>> {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let t0 = Instant::now();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let cfg = watcher::Config::default().labels(&format!("nodeward-test/pool={pool}"));
+    let s = seen.clone();
+    tokio::spawn(async move {
+        let stream = watcher(nodes, cfg).applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(Ok(n)) = stream.next().await {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let mut s = s.lock().expect("seen");
+            if let Some((_, reason)) = reboot_condition(&n) {
+                s.reasons.entry(reason).or_default().insert(name.clone());
+            }
+            let entry = s.phases.entry(name.clone()).or_default();
+            if cordoned_for_reboot(&n) {
+                entry.0.get_or_insert(t0.elapsed());
+                s.cordoned.insert(name);
+            } else if s.cordoned.remove(&name) {
+                s.phases.entry(name).or_default().1 = Some(t0.elapsed());
+            }
+            s.most_cordoned = s.most_cordoned.max(s.cordoned.len());
+        }
+    });
+    if let Some(ns) = ns {
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), ns);
+        let s = seen.clone();
+        tokio::spawn(async move {
+            let stream = watcher(pdbs, watcher::Config::default()).applied_objects();
+            futures::pin_mut!(stream);
+            while let Some(Ok(b)) = stream.next().await {
+                let Some(st) = b.status else { continue };
+                if st.current_healthy < st.desired_healthy {
+                    s.lock().expect("seen").violations.push(format!(
+                        "{} healthy of {} desired",
+                        st.current_healthy, st.desired_healthy
+                    ));
+                }
+            }
+        });
+    }
+    seen
+}
+
+/// A Deployment of `replicas` pods on the pool's nodes, behind a budget of `min_available`;
+/// returns once they are all Ready.
+async fn workload(admin: &kube::Client, ns: &str, replicas: i32, min_available: i32) {
+    common::create_namespace(admin, ns).await;
+    common::create::<Deployment>(
+        admin,
+        json!({
+            "metadata": {"name": "web", "namespace": ns},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
+                    "nodeSelector": {"nodeward-test/pool": ns},
+                    "terminationGracePeriodSeconds": 0,
+                    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": {"matchLabels": {"app": "web"}}}],
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
+        }),
+    )
+    .await;
+    common::create::<PodDisruptionBudget>(
+        admin,
+        json!({
+            "metadata": {"name": "web", "namespace": ns},
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": "web"}}}
+        }),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let n = usize::try_from(replicas).expect("replicas");
+    let t0 = Instant::now();
+    loop {
+        let list = pods.list(&Default::default()).await.expect("pods");
+        let ready = list
+            .items
+            .iter()
+            .filter(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .count();
+        if ready == n {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{ready} of {n} pods Ready after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), ns);
+    loop {
+        let b = budgets.get("web").await.expect("pdb");
+        if b.status.is_some_and(|s| s.current_healthy == replicas) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the budget never counted the pods"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn teardown(cluster: &Cluster, admin: &kube::Client, ns: &str, fleet: &mut [Machine]) {
+    for m in fleet.iter_mut() {
+        if let Some(mut a) = m.agent.take() {
+            a.stop();
+        }
+        cluster.remove_node(&m.name).await;
+    }
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    let _ = namespaces.delete(ns, &Default::default()).await;
+    free_slots(admin).await;
+}
+
+/// Eight nodes all asking for a reboot, `concurrency = 2`: a pod matching the blocking selector
+/// holds every one of them; once it is gone, never more than two are cordoned for a reboot at
+/// once, the budget is never below its minimum, every node reboots exactly once, and the fleet
+/// ends schedulable with every slot free and no record left.
+async fn a_fleet_reboots_two_at_a_time_within_its_budget(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    free_slots(&admin).await;
+    let ns = unique("fleet");
+    let blocker = unique("blocker");
+    let extra = format!(
+        "concurrency = 2\nlease_duration = \"20s\"\nhealth_nodes = \"nodeward-test/pool={ns}\"\nblocking_pods_anywhere = \"nodeward-test/reboot-blocker={blocker}\""
+    );
+    let mut fleet: Vec<Machine> = (0..8)
+        .map(|i| Machine::new(&format!("{ns}-n{i}"), &extra))
+        .collect();
+    for m in &fleet {
+        cluster
+            .add_node(&m.name, &[("nodeward-test/pool", &ns)], json!([]))
+            .await;
+    }
+    workload(&admin, &ns, 16, 12).await;
+    let seen = observe(&admin, &ns, Some(&ns));
+    // The blocking pod: anywhere in the cluster (it need not run: it exists and has not ended).
+    common::create::<Pod>(
+        &admin,
+        json!({"metadata": {"name": "backup", "namespace": ns,
+                            "labels": {"nodeward-test/reboot-blocker": blocker}},
+               "spec": {"nodeSelector": {"nodeward-test/nowhere": "x"},
+                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}),
+    )
+    .await;
+    for m in &mut fleet {
+        m.start(&cluster);
+        m.ask();
+    }
+    let t0 = Instant::now();
+    wait_until(
+        "every node reports BlockedByPods",
+        Duration::from_secs(60),
+        &fleet,
+        || {
+            seen.lock()
+                .expect("seen")
+                .reasons
+                .get("BlockedByPods")
+                .map_or(0, BTreeSet::len)
+                == 8
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        holders(&admin, 2).await,
+        [None, None],
+        "the blocking pod holds every slot"
+    );
+    assert_eq!(
+        seen.lock().expect("seen").most_cordoned,
+        0,
+        "nothing cordoned while blocked"
+    );
+    let blocked_for = t0.elapsed();
+    Api::<Pod>::namespaced(admin.clone(), &ns)
+        .delete("backup", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete the blocking pod");
+
+    let wave = Instant::now();
+    let limit = Duration::from_secs(300);
+    loop {
+        for m in &mut fleet {
+            m.reboot_if_asked(&cluster);
+        }
+        let all_once = fleet.iter().all(|m| m.reboots >= 1);
+        if all_once && fleet_at_rest(&admin, &fleet).await {
+            break;
+        }
+        assert!(
+            wave.elapsed() < limit,
+            "the wave did not end within {limit:?}; reboots {:?}\n{}",
+            fleet
+                .iter()
+                .map(|m| (&m.name, m.reboots))
+                .collect::<Vec<_>>(),
+            fleet
+                .iter()
+                .map(|m| format!("--- {}\n{}", m.name, m.log()))
+                .collect::<String>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let total = wave.elapsed();
+    {
+        let s = seen.lock().expect("seen");
+        println!(
+            "reboot wave: 8 nodes, concurrency 2: blocked by a pod for {:.1}s, then every node rebooted in {:.1}s; at most {} cordoned at once; {} budget violations",
+            blocked_for.as_secs_f64(),
+            total.as_secs_f64(),
+            s.most_cordoned,
+            s.violations.len()
+        );
+        for (node, (from, to)) in &s.phases {
+            let f =
+                |d: &Option<Duration>| d.map_or("-".into(), |d| format!("{:.1}s", d.as_secs_f64()));
+            println!("  {node}: cordoned at {}, uncordoned at {}", f(from), f(to));
+        }
+        assert!(
+            s.most_cordoned <= 2,
+            "{} nodes cordoned for a reboot at once",
+            s.most_cordoned
+        );
+        assert!(
+            s.most_cordoned >= 1,
+            "the observer saw no reboot cordon at all"
+        );
+        assert!(
+            s.violations.is_empty(),
+            "budget below its minimum: {:?}",
+            s.violations
+        );
+        for m in &fleet {
+            assert_eq!(m.reboots, 1, "{} rebooted {} times", m.name, m.reboots);
+        }
+    }
+    teardown(&cluster, &admin, &ns, &mut fleet).await;
+}
+
+/// Every node schedulable, without a reboot record, and every slot free.
+async fn fleet_at_rest(admin: &kube::Client, fleet: &[Machine]) -> bool {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    for m in fleet {
+        let n = nodes.get(&m.name).await.expect("node");
+        let record = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(nodeward::reboot::decide::RECORD))
+            .is_some_and(|v| !v.is_empty());
+        if record || nodeward::drain::cordon::is_cordoned(&n) {
+            return false;
+        }
+    }
+    holders(admin, 2).await.iter().all(Option::is_none)
+}
+
+async fn wait_until(
+    what: &str,
+    limit: Duration,
+    fleet: &[Machine],
+    mut done: impl FnMut() -> bool,
+) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(
+            t0.elapsed() < limit,
+            "{what}: not within {limit:?}\n{}",
+            fleet
+                .iter()
+                .map(|m| format!("--- {}\n{}", m.name, m.log()))
+                .collect::<String>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A holder killed with `kill -9` while it holds its slot (its reboot command never returns):
+/// the other node takes the slot once the Lease has expired, not before, and within a few
+/// periods after.
+async fn a_dead_holders_slot_frees_itself_when_its_lease_expires(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    free_slots(&admin).await;
+    let ns = unique("dead");
+    let lease = Duration::from_secs(6);
+    // max_unavailable 2: the dead holder stays cordoned, and may.
+    let extra = format!(
+        "lease_duration = \"6s\"\nmax_unavailable = 2\nhealth_nodes = \"nodeward-test/pool={ns}\""
+    );
+    // a's reboot never comes: its command hangs, as a machine stuck in its firmware.
+    let hang = format!("{extra}\nreboot_command = [\"sleep\", \"3600\"]");
+    let mut a = Machine::new(&format!("{ns}-a"), &hang);
+    let mut b = Machine::new(&format!("{ns}-b"), &extra);
+    for m in [&a, &b] {
+        cluster
+            .add_node(&m.name, &[("nodeward-test/pool", &ns)], json!([]))
+            .await;
+    }
+    a.start(&cluster);
+    a.ask();
+    let t0 = Instant::now();
+    loop {
+        if holders(&admin, 1).await[0].as_deref() == Some(a.name.as_str())
+            && a.log().contains("drained; rebooting")
+        {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "a never took the slot:\n{}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    b.start(&cluster);
+    b.ask();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        holders(&admin, 1).await[0].as_deref(),
+        Some(a.name.as_str()),
+        "a still holds it"
+    );
+    a.agent.as_mut().expect("agent").kill();
+    let killed = Instant::now();
+    let slots: Api<ConfigMap> = Api::namespaced(admin.clone(), SLOT_NS);
+    let stamp = |c: &ConfigMap, key: &str| -> jiff::Timestamp {
+        let data = c.data.clone().unwrap_or_default();
+        data.get(key)
+            .and_then(|t| t.parse().ok())
+            .expect("slot time")
+    };
+    // a is dead: its last renewal is final.
+    let renewed = stamp(
+        &slots.get("nodeward-reboot-0").await.expect("slot"),
+        "renewTime",
+    );
+    loop {
+        if holders(&admin, 1).await[0].as_deref() == Some(b.name.as_str()) {
+            break;
+        }
+        assert!(
+            killed.elapsed() < lease * 3,
+            "b did not take the dead holder's slot within {:?}:\n{}",
+            lease * 3,
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let taken = stamp(
+        &slots.get("nodeward-reboot-0").await.expect("slot"),
+        "acquireTime",
+    );
+    let after = Duration::try_from(taken.duration_since(renewed)).expect("taken after renewal");
+    println!(
+        "dead holder: its slot taken by the next node {:.1}s after its last renewal, {:.1}s after kill -9 (duration {}s, renewed every {}s, period 1s)",
+        after.as_secs_f64(),
+        killed.elapsed().as_secs_f64(),
+        lease.as_secs(),
+        lease.as_secs() / 3
+    );
+    // Never before the duration has passed unrenewed; within two periods after it.
+    assert!(
+        after >= lease,
+        "taken {after:?} after the last renewal, before {lease:?}"
+    );
+    assert!(
+        after <= lease + Duration::from_secs(3),
+        "taken {after:?} after the last renewal: the slot stayed held past its duration"
+    );
+    teardown(&cluster, &admin, &ns, &mut [a, b]).await;
+}
+
+/// The shipped RBAC and policy: a node identity writes only reboot slots, and a slot only in
+/// its own name (take, renew, release its own); it may not delete one. And the finding that made
+/// slots ConfigMaps: NodeRestriction refuses a kubelet identity any Lease but its heartbeat.
+async fn a_node_writes_only_its_own_reboot_slot(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    free_slots(&admin).await;
+    let (a, b) = (unique("slot-a"), unique("slot-b"));
+    for n in [&a, &b] {
+        cluster.add_node(n, &[], json!([])).await;
+    }
+    let client_a = common::client(&cluster.node_kubeconfig(&a)).await;
+    let as_a: Api<ConfigMap> = Api::namespaced(client_a.clone(), SLOT_NS);
+    let as_b: Api<ConfigMap> =
+        Api::namespaced(common::client(&cluster.node_kubeconfig(&b)).await, SLOT_NS);
+    let slot = |name: &str, holder: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "data": {"holderIdentity": holder, "leaseDurationSeconds": "30"}
+        }))
+        .expect("slot")
+    };
+    let pp = PostParams::default();
+    let refused = |r: kube::Result<ConfigMap>, what: &str| match r {
+        Err(kube::Error::Api(s)) if s.code == 403 => s.message,
+        other => panic!("{what}: expected 403, got {other:?}"),
+    };
+    // The finding: a Lease is refused whatever RBAC says.
+    let lease: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(json!({
+        "metadata": {"name": "nodeward-reboot-0"}, "spec": {"holderIdentity": a}
+    }))
+    .expect("lease");
+    match Api::namespaced(client_a, SLOT_NS).create(&pp, &lease).await {
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("kube-node-lease") => {}
+        other => panic!(
+            "a kubelet identity writing a Lease: expected NodeRestriction's 403, got {other:?}"
+        ),
+    }
+    // Take a slot in its own name: allowed.
+    let mut held = as_a
+        .create(&pp, &slot("nodeward-reboot-0", &a))
+        .await
+        .expect("a takes slot 0");
+    // In another's name: refused by the policy.
+    let m = refused(
+        as_a.create(&pp, &slot("nodeward-reboot-1", &b)).await,
+        "a takes slot 1 for b",
+    );
+    assert!(m.contains("only in its own name"), "{m}");
+    // Any other ConfigMap in kube-system: refused (kubeadm-config, say).
+    let m = refused(
+        as_a.create(&pp, &slot("kubeadm-config-x", &a)).await,
+        "a writes another ConfigMap",
+    );
+    assert!(m.contains("only reboot slots"), "{m}");
+    // Renew: allowed.
+    held.data
+        .get_or_insert_default()
+        .insert("renewTime".into(), "2026-11-28T09:00:00Z".into());
+    held = as_a
+        .replace("nodeward-reboot-0", &pp, &held)
+        .await
+        .expect("a renews");
+    // b may not release a's slot for it...
+    let mut release = held.clone();
+    release
+        .data
+        .get_or_insert_default()
+        .insert("holderIdentity".into(), String::new());
+    let m = refused(
+        as_b.replace("nodeward-reboot-0", &pp, &release).await,
+        "b releases a's slot",
+    );
+    assert!(m.contains("release only its own"), "{m}");
+    // ...nor delete it (no RBAC verb).
+    match as_b
+        .delete("nodeward-reboot-0", &DeleteParams::default())
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => panic!("b deletes a's slot: expected 403, got {other:?}"),
+    }
+    // a releases its own: allowed.
+    as_a.replace("nodeward-reboot-0", &pp, &release)
+        .await
+        .expect("a releases");
+    for n in [&a, &b] {
+        cluster.remove_node(n).await;
+    }
+    free_slots(&admin).await;
+}
+
+real_only! {
+    a_node_writes_only_its_own_reboot_slot => super::a_node_writes_only_its_own_reboot_slot;
+    a_fleet_reboots_two_at_a_time_within_its_budget => super::a_fleet_reboots_two_at_a_time_within_its_budget;
+    a_dead_holders_slot_frees_itself_when_its_lease_expires => super::a_dead_holders_slot_frees_itself_when_its_lease_expires;
+}
