@@ -91,3 +91,35 @@ mod tests {
         assert!(cut.chars().all(|c| c == 'é'));
     }
 }
+
+/// Publishes one Event about Node `node` from nodeward on this host: `action` is what nodeward
+/// was doing (`Gate`, `Reboot`), `warning` its type.
+pub async fn node_event(
+    client: &kube::Client,
+    node: &str,
+    warning: bool,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.into()),
+        ..ObjectReference::default()
+    };
+    let type_ = if warning {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
+    publish(
+        &recorder(client, "nodeward", None),
+        &reference,
+        type_,
+        reason,
+        action,
+        note,
+    )
+    .await;
+}

@@ -14,6 +14,7 @@ fn repo(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
 }
 
+#[derive(Debug)]
 struct Run {
     code: i32,
     stdout: String,
@@ -463,4 +464,49 @@ fn drain_ends_by_its_deadline_when_the_api_server_never_answers() {
         "took {took:?} for a 2 s deadline"
     );
     drop(listener);
+}
+
+/// `nodeward reboot` writes the request file the agent watches, `--cancel` removes it and says
+/// when the sentinel still asks; with `[reboot]` off it refuses and says how to turn it on.
+#[test]
+fn reboot_asks_and_cancel_withdraws() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let request = dir.path().join("run/reboot-requested");
+    let sentinel = dir.path().join("reboot-required");
+    let config = dir.path().join("config.toml");
+    let write = |enabled: bool| {
+        std::fs::write(
+            &config,
+            format!(
+                "[reboot]\nenabled = {enabled}\nrequest_file = \"{}\"\nsentinel = \"{}\"\n",
+                request.display(),
+                sentinel.display()
+            ),
+        )
+        .expect("config")
+    };
+    let cfg = config.display().to_string();
+    write(false);
+    let off = nodeward(&["--config", &cfg, "reboot"], None);
+    assert_eq!(off.code, 1, "{off:?}");
+    assert!(
+        off.stderr.contains("enabled = true in [reboot]"),
+        "{}",
+        off.stderr
+    );
+    assert!(!request.exists());
+
+    write(true);
+    let ask = nodeward(&["--config", &cfg, "reboot"], None);
+    assert_eq!(ask.code, 0, "{ask:?}");
+    assert!(request.exists(), "the request file is written");
+    std::fs::write(&sentinel, "*** System restart required ***\n").expect("sentinel");
+    let cancel = nodeward(&["--config", &cfg, "reboot", "--cancel"], None);
+    assert_eq!(cancel.code, 0, "{cancel:?}");
+    assert!(!request.exists(), "the request file is removed");
+    assert!(
+        cancel.stdout.contains("still asks for a reboot"),
+        "{}",
+        cancel.stdout
+    );
 }

@@ -553,6 +553,77 @@ async fn a_dead_holders_slot_frees_itself_when_its_lease_expires(cluster: Cluste
     teardown(&cluster, &admin, &ns, &mut [a, b]).await;
 }
 
+/// kured's lock annotation on a DaemonSet holds nodeward's reboots (the two must never reboot
+/// nodes together): the node says KuredPresent and takes no slot; once kured's lock is gone, it
+/// reboots.
+async fn kureds_lock_holds_the_reboot(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    free_slots(&admin).await;
+    let ns = unique("kured");
+    common::create_namespace(&admin, &ns).await;
+    let lock = nodeward::reboot::KURED_LOCK;
+    common::create::<k8s_openapi::api::apps::v1::DaemonSet>(
+        &admin,
+        json!({
+            "metadata": {"name": "kured", "namespace": ns,
+                         "annotations": {lock: "{\"nodeID\":\"some-node\",\"created\":\"2026-11-28T08:00:00Z\",\"TTL\":0}"}},
+            "spec": {"selector": {"matchLabels": {"name": "kured"}},
+                "template": {"metadata": {"labels": {"name": "kured"}}, "spec": {
+                    "nodeSelector": {"nodeward-test/nowhere": "x"},
+                    "containers": [{"name": "kured", "image": "registry.k8s.io/pause:3.10"}]}}}
+        }),
+    )
+    .await;
+    let mut m = Machine::new(
+        &format!("{ns}-n"),
+        &format!("health_nodes = \"nodeward-test/pool={ns}\""),
+    );
+    cluster
+        .add_node(&m.name, &[("nodeward-test/pool", &ns)], json!([]))
+        .await;
+    m.start(&cluster);
+    m.ask();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let t0 = Instant::now();
+    loop {
+        let n = nodes.get(&m.name).await.expect("node");
+        if reboot_condition(&n).is_some_and(|(_, r)| r == "KuredPresent") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no KuredPresent:\n{}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        holders(&admin, 1).await,
+        [None],
+        "no slot while kured's lock is there"
+    );
+    assert!(!m.mark().exists(), "no reboot while kured's lock is there");
+    let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(admin.clone(), &ns);
+    ds.patch(
+        "kured",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"metadata": {"annotations": {lock: null}}})),
+    )
+    .await
+    .expect("remove kured's lock");
+    let t1 = Instant::now();
+    while !m.reboot_if_asked(&cluster) {
+        assert!(
+            t1.elapsed() < Duration::from_secs(30),
+            "no reboot after kured's lock went:\n{}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    teardown(&cluster, &admin, &ns, &mut [m]).await;
+}
+
 /// The shipped RBAC and policy: a node identity writes only reboot slots, and a slot only in
 /// its own name (take, renew, release its own); it may not delete one. And the finding that made
 /// slots ConfigMaps: NodeRestriction refuses a kubelet identity any Lease but its heartbeat.
@@ -645,6 +716,7 @@ async fn a_node_writes_only_its_own_reboot_slot(cluster: Cluster) {
 }
 
 real_only! {
+    kureds_lock_holds_the_reboot => super::kureds_lock_holds_the_reboot;
     a_node_writes_only_its_own_reboot_slot => super::a_node_writes_only_its_own_reboot_slot;
     a_fleet_reboots_two_at_a_time_within_its_budget => super::a_fleet_reboots_two_at_a_time_within_its_budget;
     a_dead_holders_slot_frees_itself_when_its_lease_expires => super::a_dead_holders_slot_frees_itself_when_its_lease_expires;

@@ -1,8 +1,7 @@
 //! How the agent reads nodeward's cordon on its own Node, and its Events about it. (Its
 //! readiness condition and the startup taint are [`crate::readiness`]'s.)
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use kube::runtime::events::EventType;
+use k8s_openapi::api::core::v1::Node;
 
 use super::state::CordonView;
 use crate::drain::cordon;
@@ -39,19 +38,7 @@ pub fn cordon_owner(n: &Node) -> Option<String> {
 
 /// Publishes an Event about the Node (best effort: a failure is logged).
 pub async fn event(client: &kube::Client, node: &str, warning: bool, reason: &str, note: String) {
-    let reference = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Node".into()),
-        name: Some(node.into()),
-        ..ObjectReference::default()
-    };
-    let type_ = if warning {
-        EventType::Warning
-    } else {
-        EventType::Normal
-    };
-    let recorder = crate::events::recorder(client, "nodeward", None);
-    crate::events::publish(&recorder, &reference, type_, reason, "Gate", note).await;
+    crate::events::node_event(client, node, warning, reason, "Gate", note).await;
 }
 
 #[cfg(test)]

@@ -105,6 +105,9 @@ pub enum Wait {
     },
     /// The node's pods' budgets do not allow the drain now.
     Budgets(Vec<String>),
+    /// Pods the drain may not evict (no controller, emptyDir data, annotated): a reboot would
+    /// kill them, so the drain could never finish.
+    Unevictable(Vec<String>),
 }
 
 impl Wait {
@@ -118,6 +121,7 @@ impl Wait {
             Self::Alerts(_) => "BlockedByAlerts",
             Self::Health { .. } => "WaitingForHealth",
             Self::Budgets(_) => "WaitingForBudgets",
+            Self::Unevictable(_) => "BlockedByUnevictablePods",
         }
     }
 
@@ -153,6 +157,10 @@ impl Wait {
             Self::Budgets(short) => {
                 format!("the budgets do not allow the drain now: {}", list(short))
             }
+            Self::Unevictable(pods) => format!(
+                "pods the drain may not evict run here (a reboot would kill them; delete them, or see [drain] force and delete_emptydir_data_on_shutdown): {}",
+                list(pods)
+            ),
         }
     }
 }
@@ -170,10 +178,13 @@ pub struct Before {
     pub nodes: u32,
     /// The budgets the drain would exceed now ([`crate::drain::plan::budgets_short`]).
     pub budgets: Vec<String>,
+    /// Pods the drain's plan refuses, with why.
+    pub unevictable: Vec<String>,
 }
 
 /// Whether the node may take a slot, on the checks' findings: blockers first (an operator's
-/// explicit "not now"), then the cluster's health, then the budgets.
+/// explicit "not now"), then the cluster's health, then what the drain would meet: pods it may
+/// not evict, then the budgets.
 pub fn may_take_slot(s: &RebootSettings, b: &Before) -> Result<(), Wait> {
     if !b.pods.is_empty() {
         return Err(Wait::Pods(b.pods.clone()));
@@ -189,6 +200,9 @@ pub fn may_take_slot(s: &RebootSettings, b: &Before) -> Result<(), Wait> {
             unavailable: b.unavailable.clone(),
             allowed,
         });
+    }
+    if !b.unevictable.is_empty() {
+        return Err(Wait::Unevictable(b.unevictable.clone()));
     }
     if !b.budgets.is_empty() {
         return Err(Wait::Budgets(b.budgets.clone()));
@@ -217,7 +231,7 @@ pub fn unavailable(n: &Node, holders: &[String]) -> Option<&'static str> {
 pub struct Return {
     /// kubelet's `Ready` condition is True.
     pub kubelet_ready: bool,
-    /// The agent's `nodeward.io/Ready` condition is True (every readiness gate passes).
+    /// Every readiness gate passes, as the agent judges them in this boot.
     pub gates_pass: bool,
     /// The startup taint is still on.
     pub startup_taint: bool,
@@ -266,7 +280,7 @@ pub fn back(
         return BackStep::Wait("kubelet's Ready condition");
     }
     if !r.gates_pass {
-        return BackStep::Wait("the readiness gates (nodeward.io/Ready)");
+        return BackStep::Wait("the readiness gates");
     }
     if r.startup_taint {
         return BackStep::Wait("the startup taint's removal");

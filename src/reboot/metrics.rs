@@ -37,6 +37,9 @@ pub struct RebootMetrics {
     pub last_duration_seconds: Gauge<f64, AtomicU64>,
 }
 
+/// The results a reboot ends with.
+pub const RESULTS: [&str; 4] = ["done", "drain-failed", "reboot-failed", "abandoned"];
+
 /// The phases, for [`RebootMetrics::set_phase`].
 pub const PHASES: [&str; 5] = ["idle", "waiting", "draining", "rebooting", "settling"];
 
@@ -71,6 +74,13 @@ impl RebootMetrics {
             m.last_duration_seconds.clone(),
         );
         m.set_phase("idle");
+        // Every result from 0, so the first reboot's increase() is seen (a done reboot is
+        // counted by the agent that starts after it, in a new process).
+        for result in RESULTS {
+            let _ = m.ended.get_or_create(&ResultLabel {
+                result: result.into(),
+            });
+        }
         m
     }
 

@@ -34,12 +34,23 @@ pub const KURED_LOCK: &str = "weave.works/kured-node-lock";
 /// Where the kernel says which boot this is.
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
-/// This boot's id: `NODEWARD_BOOT_ID_FILE`'s content when set (tests, which reboot an agent
-/// without rebooting the machine), else the kernel's.
-pub fn boot_id() -> String {
-    let path = std::env::var_os("NODEWARD_BOOT_ID_FILE")
-        .map_or_else(|| BOOT_ID.into(), std::path::PathBuf::from);
-    std::fs::read_to_string(&path)
+/// Where `nodeward.service` copies it, in its runtime directory (its sandbox hides `/proc/sys`).
+const BOOT_ID_COPY: &str = "boot-id";
+
+/// This boot's id, or `None` when it cannot be read. From, in order: `NODEWARD_BOOT_ID_FILE`
+/// (tests, which reboot an agent without rebooting the machine), the unit's copy in
+/// `$RUNTIME_DIRECTORY`, the kernel's file.
+pub fn boot_id() -> Option<String> {
+    let env = |k: &str| std::env::var_os(k).map(std::path::PathBuf::from);
+    let candidates = [
+        env("NODEWARD_BOOT_ID_FILE"),
+        env("RUNTIME_DIRECTORY").map(|d| d.join(BOOT_ID_COPY)),
+        Some(BOOT_ID.into()),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
         .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+        .find(|s| !s.is_empty())
 }

@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams, Patch};
-use kube::runtime::events::EventType;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -44,7 +43,8 @@ pub struct Coordinator {
     slots: Vec<Slot>,
     boot_id: String,
     metrics: Arc<RebootMetrics>,
-    drain_metrics: Arc<crate::drain::metrics::DrainMetrics>,
+    /// The agent's own figures: its gates' verdict in this process, so in this boot.
+    agent_metrics: Arc<crate::agent::metrics::AgentMetrics>,
     status: super::status::Writer,
     http: reqwest::Client,
     /// When the request pending now was first seen.
@@ -53,6 +53,8 @@ pub struct Coordinator {
     back_since: Option<Timestamp>,
     /// When this node took its slot (for the duration metric).
     took_at: Option<Timestamp>,
+    /// When this process last renewed the slot of a returning node.
+    renewed_at: Option<std::time::Instant>,
 }
 
 /// The agent's parts the coordinator uses.
@@ -77,20 +79,28 @@ impl Coordinator {
             kubeconfig: parts.kubeconfig,
             client: parts.client,
             slots: Vec::new(),
-            boot_id: super::boot_id(),
+            boot_id: super::boot_id().unwrap_or_default(),
             metrics: parts.metrics.reboot.clone(),
-            drain_metrics: parts.metrics.drain.clone(),
+            agent_metrics: parts.metrics,
             status: super::status::Writer::new(parts.status_file),
             http: reqwest::Client::new(),
             requested_since: None,
             back_since: None,
             took_at: None,
+            renewed_at: None,
         }
     }
 
     /// Runs until the agent stops: a pass, then a wait for the period, a request file changing,
-    /// or the pass's own sooner time.
+    /// or the pass's own sooner time. Without this boot's ID it cannot tell a reboot from an
+    /// agent restart, and does nothing but say so.
     pub async fn run(mut self) {
+        if self.boot_id.is_empty() {
+            let msg = "cannot read this boot's ID ($RUNTIME_DIRECTORY/boot-id, which nodeward.service copies, or /proc/sys/kernel/random/boot_id): coordinated reboots are off";
+            tracing::error!("{msg}");
+            self.show("idle", Some("NoBootID"), msg, None);
+            return;
+        }
         let (tx, mut rx) = mpsc::unbounded_channel();
         let paths = vec![self.s.sentinel.clone(), self.s.request_file.clone()];
         let mut files = match crate::gate::watch::FileWatcher::new(paths, tx) {
@@ -134,6 +144,11 @@ impl Coordinator {
         };
         match decide::next(requested, decide::record(&me), &self.boot_id) {
             Next::Idle => {
+                if self.status.phase() == Some("waiting") {
+                    // The request was withdrawn while it waited: the condition says so.
+                    let msg = "the reboot request was withdrawn";
+                    self.condition(&client, false, "NotRequested", msg).await;
+                }
                 self.show("idle", None, "no reboot asked for", None);
                 self.s.period
             }
@@ -324,12 +339,14 @@ impl Coordinator {
             self.budgets(client),
         );
         let (unavailable, nodes) = nodes;
+        let (budgets, unevictable) = budgets;
         Before {
             pods,
             alerts,
             unavailable,
             nodes,
             budgets,
+            unevictable,
         }
     }
 
@@ -399,17 +416,28 @@ impl Coordinator {
         }
     }
 
-    async fn budgets(&self, client: &kube::Client) -> Vec<String> {
+    /// What the drain would meet now: the budgets it would exceed, and the pods it may not
+    /// evict.
+    async fn budgets(&self, client: &kube::Client) -> (Vec<String>, Vec<String>) {
         let opts = self.drain_options();
         let planned = crate::drain::exec::dry_run_with_pods(client, &self.node, &opts).await;
         let (plan, pods) = match planned {
             Ok(x) => x,
-            Err(e) => return vec![format!("cannot plan the drain: {e}")],
+            Err(e) => return (vec![format!("cannot plan the drain: {e}")], Vec::new()),
         };
+        let unevictable = plan
+            .refused()
+            .map(|(p, why)| format!("{}/{} ({why})", p.namespace, p.name))
+            .collect();
         let pdbs: Api<PodDisruptionBudget> = Api::all(client.clone());
         let budgets = match pdbs.list(&ListParams::default()).await {
             Ok(l) => l.items,
-            Err(e) => return vec![format!("cannot list PodDisruptionBudgets: {e}")],
+            Err(e) => {
+                return (
+                    vec![format!("cannot list PodDisruptionBudgets: {e}")],
+                    unevictable,
+                );
+            }
         };
         let leaving: Vec<&Pod> = plan
             .evictions()
@@ -418,7 +446,10 @@ impl Coordinator {
                     .find(|p| p.metadata.uid.as_deref() == Some(&r.uid))
             })
             .collect();
-        crate::drain::plan::budgets_short(&leaving, &budgets)
+        (
+            crate::drain::plan::budgets_short(&leaving, &budgets),
+            unevictable,
+        )
     }
 
     /// Waits with `w`: says so where it changed, and comes back after the period.
@@ -453,7 +484,7 @@ impl Coordinator {
         opts.timeout = self.s.drain_timeout;
         // A drain that cannot finish does not reboot: nothing is deleted past a budget.
         opts.on_deadline = crate::config::OnDeadline::Abandon;
-        opts.metrics = Some(self.drain_metrics.clone());
+        opts.metrics = Some(self.agent_metrics.drain.clone());
         opts
     }
 
@@ -518,6 +549,11 @@ impl Coordinator {
         };
         if let Some(why) = why {
             self.give_back(client, &r, &why, "drain-failed").await;
+            return self.s.period;
+        }
+        if self.requested().await.is_none() {
+            let why = "the reboot request was withdrawn while the node drained";
+            self.give_back(client, &r, why, "abandoned").await;
             return self.s.period;
         }
         r.phase = "rebooting".into();
@@ -637,13 +673,25 @@ impl Coordinator {
     /// The node rebooted: wait until it is back, lift the reboot's cordon, settle, give the
     /// slot to the next node.
     async fn back(&mut self, client: &kube::Client, me: &Node, r: Record) -> Duration {
-        if let Some(e) = self.slot(&r.slot)
-            && e.peek().await == Some(Step::Renew)
-        {
-            e.try_acquire().await;
+        let due = self
+            .renewed_at
+            .is_none_or(|t| t.elapsed() >= self.s.lease_duration / 3);
+        if due && let Some(e) = self.slot(&r.slot) {
+            // Still ours (not taken over while the machine was down): renew it.
+            if e.peek().await == Some(Step::Renew) && e.try_acquire().await {
+                self.renewed_at = Some(std::time::Instant::now());
+            }
         }
         let now = Timestamp::now();
-        let step = decide::back(returning(me), self.back_since, self.s.settle_time, now);
+        // The gates as this agent process judges them: the Node's nodeward.io/Ready may still say
+        // True from before the reboot, until the new agent writes it.
+        let gates_pass = self.agent_metrics.gates_passing.get() == 1;
+        let step = decide::back(
+            returning(me, gates_pass),
+            self.back_since,
+            self.s.settle_time,
+            now,
+        );
         match step {
             BackStep::Wait(what) => {
                 self.back_since = None;
@@ -737,8 +785,8 @@ impl Coordinator {
     }
 }
 
-/// The returning node, as [`decide::back`] reads it.
-fn returning(n: &Node) -> Return {
+/// The returning node, as [`decide::back`] reads it, with the gates' verdict of this boot.
+fn returning(n: &Node, gates_pass: bool) -> Return {
     let is_true = |t: &str| crate::node_write::condition(n, t).is_some_and(|c| c.status == "True");
     let cordon = if !crate::drain::cordon::is_cordoned(n) {
         Cordon::None
@@ -749,7 +797,7 @@ fn returning(n: &Node) -> Return {
     };
     Return {
         kubelet_ready: is_true("Ready"),
-        gates_pass: is_true(crate::names::CONDITION_TYPE),
+        gates_pass,
         startup_taint: crate::readiness::has_startup_taint(n),
         cordon,
     }
@@ -785,19 +833,7 @@ impl Coordinator {
     }
 
     async fn event(&self, client: &kube::Client, warning: bool, reason: &str, note: String) {
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(self.node.clone()),
-            ..ObjectReference::default()
-        };
-        let type_ = if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        let recorder = crate::events::recorder(client, "nodeward", None);
-        crate::events::publish(&recorder, &reference, type_, reason, "Reboot", note).await;
+        crate::events::node_event(client, &self.node, warning, reason, "Reboot", note).await;
     }
 
     /// The status file and the phase metric.

@@ -641,3 +641,39 @@ fn the_fallbacks_grace_is_whole_seconds_rounded_up_and_never_zero() {
         assert_eq!(fallback_grace(left), want, "{left:?} left");
     }
 }
+
+/// A coordinated reboot takes its slot only when every budget allows the evictions its drain
+/// needs now: two web pods need two disruptions, one allowed is short; a budget selecting none of
+/// the pods, or another namespace's, does not count.
+#[test]
+fn budgets_short_names_each_budget_the_drain_would_exceed() {
+    let pdb = |ns: &str, name: &str, app: &str, allowed: i32| -> PodDisruptionBudget {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"selector": {"matchLabels": {"app": app}}},
+            "status": {"disruptionsAllowed": allowed, "currentHealthy": 3, "desiredHealthy": 2,
+                       "expectedPods": 3}
+        }))
+        .expect("pdb")
+    };
+    let web = |n: &str| pod(json!({"metadata": {"name": n, "labels": {"app": "web"}}}));
+    let (w1, w2) = (web("w1"), web("w2"));
+    let db = pod(json!({"metadata": {"name": "db", "labels": {"app": "db"}}}));
+    let pods = [&w1, &w2, &db];
+    let budgets = [
+        pdb("default", "web", "web", 1),
+        pdb("default", "db", "db", 1),
+        pdb("other", "web", "web", 0),
+        pdb("default", "cache", "cache", 0),
+    ];
+    assert_eq!(
+        budgets_short(&pods, &budgets),
+        ["default/web allows 1, the drain needs 2"]
+    );
+    let open = [pdb("default", "web", "web", 2)];
+    assert!(budgets_short(&pods, &open).is_empty());
+    assert!(
+        budgets_short(&[], &budgets).is_empty(),
+        "no pods, nothing to allow"
+    );
+}

@@ -46,6 +46,7 @@ fn clear() -> Before {
         unavailable: vec![],
         nodes: 8,
         budgets: vec![],
+        unevictable: vec![],
     }
 }
 
@@ -58,7 +59,7 @@ fn every_check_holds_the_slot_and_says_why() {
     };
     assert_eq!(may_take_slot(&s, &clear()), Ok(()));
     type Change = Box<dyn Fn(&mut Before)>;
-    let cases: [(Change, &str); 6] = [
+    let cases: [(Change, &str); 7] = [
         (
             Box::new(|b| b.pods = vec!["db/backup-1".into()]),
             "BlockedByPods",
@@ -86,6 +87,13 @@ fn every_check_holds_the_slot_and_says_why() {
                 b.pods = vec!["y".into()];
             }),
             "BlockedByPods",
+        ),
+        (
+            Box::new(|b| {
+                b.budgets = vec!["x".into()];
+                b.unevictable = vec!["default/bare (no controller)".into()];
+            }),
+            "BlockedByUnevictablePods",
         ),
     ];
     for (change, reason) in cases {
@@ -188,7 +196,7 @@ fn a_returning_node_releases_its_slot_only_after_it_settled() {
                 ..back_ok
             },
             None,
-            BackStep::Wait("the readiness gates (nodeward.io/Ready)"),
+            BackStep::Wait("the readiness gates"),
         ),
         (
             Return {
