@@ -48,6 +48,8 @@ fn agent() -> nodeward::agent::metrics::AgentMetrics {
     });
     // A drain that ended leaves its gauges at 0, each `waiting_on` included.
     drop(agent.drain.started());
+    // A counter family has no series until its first reboot ends.
+    agent.reboot.ended("done");
     agent
 }
 

@@ -28,6 +28,7 @@ const MERGED_TABLES: &[&str] = &[
     "agent",
     "gates",
     "shutdown",
+    "reboot",
     "scaler",
     "scaler.cherry",
     "scaler.exec",
@@ -284,5 +285,29 @@ mod tests {
         );
         assert_eq!(json["origins"]["drain.concurrency"], "default");
         assert_eq!(json["files"][1], "/etc/nodeward/config.d/10-timeout.toml");
+    }
+
+    /// A drop-in that turns coordinated reboots on sets that key alone: the rest of `[reboot]`
+    /// stays the defaults, shown as such, as the loader merges it.
+    #[test]
+    fn a_reboot_drop_in_is_merged_key_by_key() {
+        let sources = [src(
+            "/etc/nodeward/config.d/60-reboot.toml",
+            "[reboot]\nenabled = true\nconcurrency = 2\n",
+        )];
+        let e = effective(&sources).expect("effective");
+        let dropin = Origin::File("/etc/nodeward/config.d/60-reboot.toml".into());
+        assert_eq!(e.origin("reboot.enabled"), dropin);
+        assert_eq!(e.origin("reboot.period"), Origin::Default);
+        let text = e.to_toml();
+        assert!(text.contains("\n[reboot]\n"), "{text}");
+        assert!(text.contains("period = \"1m\"  # default"), "{text}");
+        assert!(
+            text.contains("enabled = true  # /etc/nodeward/config.d/60-reboot.toml"),
+            "{text}"
+        );
+        let loaded = super::super::parse(&sources).expect("valid");
+        let reparsed = super::super::parse(&[src("printed", &text)]).expect("printed parses");
+        assert_eq!(reparsed, loaded, "{text}");
     }
 }
