@@ -78,20 +78,6 @@ pub fn publish_detached(
     });
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn notes_are_cut_on_a_character_boundary() {
-        assert_eq!(fit_note("short".into()), "short");
-        let long = "é".repeat(NOTE_MAX);
-        let cut = fit_note(long);
-        assert!(cut.len() <= NOTE_MAX && cut.len() >= NOTE_MAX - 1);
-        assert!(cut.chars().all(|c| c == 'é'));
-    }
-}
-
 /// Publishes one Event about Node `node` from nodeward on this host: `action` is what nodeward
 /// was doing (`Gate`, `Reboot`), `warning` its type.
 pub async fn node_event(
@@ -122,4 +108,18 @@ pub async fn node_event(
         note,
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_are_cut_on_a_character_boundary() {
+        assert_eq!(fit_note("short".into()), "short");
+        let long = "é".repeat(NOTE_MAX);
+        let cut = fit_note(long);
+        assert!(cut.len() <= NOTE_MAX && cut.len() >= NOTE_MAX - 1);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
 }
