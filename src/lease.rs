@@ -61,6 +61,29 @@ pub struct LeaseView {
     pub transitions: Option<i32>,
 }
 
+/// [`step`] on `lease` as read at `now`, with `observed` moved on ([`observe`]; forgotten when
+/// there is no Lease): what a reader of a Lease record does on each read.
+pub fn step_observed(
+    observed: &mut Option<Observed>,
+    lease: Option<&LeaseView>,
+    me: &str,
+    now: Instant,
+) -> Step {
+    let at = match lease {
+        Some(l) => {
+            let o = observe(observed.take(), l, now);
+            let at = o.at;
+            *observed = Some(o);
+            at
+        }
+        None => {
+            *observed = None;
+            now
+        }
+    };
+    step(lease, me, at, now)
+}
+
 /// When we last saw the Lease record change, by our own clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observed {
@@ -214,19 +237,7 @@ impl Elector {
             .max(1);
         let read_at = Instant::now();
         let record = current.as_ref().map(view);
-        let observed_at = match &record {
-            Some(r) => {
-                let o = observe(state.observed.take(), r, read_at);
-                let at = o.at;
-                state.observed = Some(o);
-                at
-            }
-            None => {
-                state.observed = None;
-                read_at
-            }
-        };
-        let decision = step(record.as_ref(), &self.me, observed_at, read_at);
+        let decision = step_observed(&mut state.observed, record.as_ref(), &self.me, read_at);
         let result = self.write(&decision, current, now, secs).await?;
         match result {
             Ok(written) => {

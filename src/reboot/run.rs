@@ -556,6 +556,16 @@ impl Coordinator {
             self.give_back(client, &r, why, "abandoned").await;
             return self.s.period;
         }
+        // The fence: renewals may have failed for the slot's whole duration while the node
+        // drained, and another node taken it. Reboot only while it is still ours.
+        if !self.still_holds(&r.slot).await {
+            let why = format!(
+                "its slot {} was taken by another node while it drained",
+                r.slot
+            );
+            self.give_back(client, &r, &why, "drain-failed").await;
+            return self.s.period;
+        }
         r.phase = "rebooting".into();
         if let Err(e) = self.write_record(client, Some(&r)).await {
             self.failed(&e);
@@ -632,6 +642,14 @@ impl Coordinator {
     fn slot(&self, slot: &str) -> Option<&Slot> {
         let i = slot.strip_prefix(SLOT_PREFIX)?.parse::<usize>().ok()?;
         self.slots.get(i)
+    }
+
+    /// Renews `slot` if this node still holds it; `false` when it does not (or cannot tell).
+    async fn still_holds(&self, slot: &str) -> bool {
+        match self.slot(slot) {
+            Some(e) => e.peek().await == Some(Step::Renew) && e.try_acquire().await,
+            None => false,
+        }
     }
 
     async fn release(&self, slot: &str) {
@@ -744,7 +762,6 @@ impl Coordinator {
             client,
             r,
             "rebooted and back; slot given to the next node",
-            false,
             "done",
         )
         .await;
@@ -756,27 +773,27 @@ impl Coordinator {
             Ok(outcome) => info!(?outcome, "reboot given up: uncordoned"),
             Err(e) => warn!(error = %e, "reboot given up: cannot uncordon"),
         }
-        let msg = format!("not rebooting: {why}; trying again next period");
-        self.end(client, r, &msg, true, result).await;
+        let msg = if result == "abandoned" {
+            format!("not rebooting: {why}")
+        } else {
+            format!("not rebooting: {why}; trying again next period")
+        };
+        self.end(client, r, &msg, result).await;
     }
 
-    async fn end(
-        &mut self,
-        client: &kube::Client,
-        r: &Record,
-        msg: &str,
-        warning: bool,
-        result: &str,
-    ) {
+    /// Ends the reboot with `result`: record cleared, slot given back, said everywhere.
+    /// `abandoned` (the request went away) is no failure; a failed drain or reboot is.
+    async fn end(&mut self, client: &kube::Client, r: &Record, msg: &str, result: &str) {
         if let Err(e) = self.write_record(client, None).await {
             self.failed(&e);
         }
         self.release(&r.slot).await;
+        self.renewed_at = None;
         self.metrics.ended(result);
-        let reason = if warning {
-            "RebootFailed"
-        } else {
-            "RebootDone"
+        let (reason, warning) = match result {
+            "done" => ("RebootDone", false),
+            "abandoned" => ("RebootAbandoned", false),
+            _ => ("RebootFailed", true),
         };
         info!(slot = %r.slot, result, "{msg}");
         self.condition(client, false, reason, msg).await;

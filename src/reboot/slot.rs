@@ -20,7 +20,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::lease::{LeaseView, Observed, Step, observe, step};
+use crate::lease::{LeaseView, Observed, Step, step_observed};
 
 const HOLDER: &str = "holderIdentity";
 const RENEWED: &str = "renewTime";
@@ -84,19 +84,7 @@ impl Slot {
         let now = Instant::now();
         let mut observed = self.observed.lock().await;
         let record = current.as_ref().map(view);
-        let at = match &record {
-            Some(r) => {
-                let o = observe(observed.take(), r, now);
-                let at = o.at;
-                *observed = Some(o);
-                at
-            }
-            None => {
-                *observed = None;
-                now
-            }
-        };
-        let s = step(record.as_ref(), &self.me, at, now);
+        let s = step_observed(&mut observed, record.as_ref(), &self.me, now);
         Some((current, s))
     }
 
@@ -192,6 +180,7 @@ impl Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::step;
 
     #[test]
     fn a_slots_data_reads_as_a_lease() {
