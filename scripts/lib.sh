@@ -55,3 +55,25 @@ ensure_rust_components() {
     rustup component add "$c" || die "cannot add rust component $c (rustup component add $c)"
   done
 }
+
+# The Prometheus release whose Go module builds promtool (scripts/monitoring-check) and the server
+# that the reboot coordinator's firing-alerts test asks (scripts/reboot-alerts-check).
+PROMETHEUS_VERSION=v0.316.0
+
+# prometheus_cmd NAME: prints the path of github.com/prometheus/prometheus/cmd/NAME (promtool,
+# prometheus) at PROMETHEUS_VERSION, first building it from the Go module into
+# ~/.cache/nodeward/NAME-PROMETHEUS_VERSION/ unless it is there. The build's output goes to stderr.
+# Without the `builtinassets` tag the server serves its web UI from disk, which no test reads; its
+# API needs nothing more.
+prometheus_cmd() {
+  local name="$1"
+  local bin_dir="${XDG_CACHE_HOME:-${HOME}/.cache}/nodeward/${name}-${PROMETHEUS_VERSION}"
+  if [ ! -x "${bin_dir}/${name}" ]; then
+    command -v go >/dev/null || die "go not found: install Go 1.26+ (${name} is built from the Prometheus Go module)"
+    echo "building ${name} ${PROMETHEUS_VERSION} (cached in ${bin_dir})" >&2
+    mkdir -p "${bin_dir}"
+    GOBIN="${bin_dir}" go install "github.com/prometheus/prometheus/cmd/${name}@${PROMETHEUS_VERSION}" >&2 \
+      || die "cannot build ${name} from github.com/prometheus/prometheus@${PROMETHEUS_VERSION}"
+  fi
+  printf '%s\n' "${bin_dir}/${name}"
+}
