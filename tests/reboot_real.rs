@@ -3,6 +3,8 @@
 //! the kubelets. A "reboot" is the agent's `reboot_command` leaving a mark; the test then does
 //! what a reboot does to the agent: kills it without a goodbye, gives the machine a new boot ID
 //! (`NODEWARD_BOOT_ID_FILE`), removes the sentinel (it lives on tmpfs) and starts it again.
+//! The firing alert comes from the real Prometheus server (`NODEWARD_PROMETHEUS`, which
+//! `scripts/test` builds from its Go module).
 
 mod common;
 
@@ -11,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::prometheus::{Prometheus, prometheus_bin};
 use common::{Cluster, Proc, spawn_agent_with_env, unique, write_flannel};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -624,6 +627,66 @@ async fn kureds_lock_holds_the_reboot(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &mut [m]).await;
 }
 
+/// A firing alert from the real Prometheus holds the reboot (BlockedByAlerts, no slot); once
+/// its rule no longer fires (the rules reloaded), the node reboots.
+async fn a_firing_alert_holds_the_reboot(cluster: Cluster) {
+    let firing = "groups:\n  - name: t\n    interval: 1s\n    rules:\n      - alert: DiskFull\n        expr: vector(1)\n";
+    let quiet = "groups:\n  - name: t\n    interval: 1s\n    rules:\n      - alert: DiskFull\n        expr: vector(1) == 0\n";
+    let prometheus = Prometheus::start(&prometheus_bin(), firing).await;
+    let admin = cluster.admin().await;
+    free_slots(&admin).await;
+    let ns = unique("alert");
+    let mut m = Machine::new(
+        &format!("{ns}-n"),
+        &format!(
+            "health_nodes = \"nodeward-test/pool={ns}\"\nprometheus_url = \"{}\"",
+            prometheus.base
+        ),
+    );
+    cluster
+        .add_node(&m.name, &[("nodeward-test/pool", &ns)], json!([]))
+        .await;
+    m.start(&cluster);
+    m.ask();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let t0 = Instant::now();
+    loop {
+        let n = nodes.get(&m.name).await.expect("node");
+        if reboot_condition(&n).is_some_and(|(_, r)| r == "BlockedByAlerts") {
+            let msg = nodeward::node_write::condition(&n, nodeward::reboot::CONDITION_TYPE)
+                .and_then(|c| c.message.clone())
+                .unwrap_or_default();
+            assert!(msg.contains("DiskFull"), "{msg}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no BlockedByAlerts:\n{}\n{}",
+            m.log(),
+            prometheus.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        holders(&admin, 1).await,
+        [None],
+        "no slot while the alert fires"
+    );
+    assert!(!m.mark().exists(), "no reboot while the alert fires");
+    prometheus.reload(quiet).await;
+    let t1 = Instant::now();
+    while !m.reboot_if_asked(&cluster) {
+        assert!(
+            t1.elapsed() < Duration::from_secs(30),
+            "no reboot once the alert stopped firing:\n{}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    teardown(&cluster, &admin, &ns, &mut [m]).await;
+}
+
 /// The shipped RBAC and policy: a node identity writes only reboot slots, and a slot only in
 /// its own name (take, renew, release its own); it may not delete one. And the finding that made
 /// slots ConfigMaps: NodeRestriction refuses a kubelet identity any Lease but its heartbeat.
@@ -716,6 +779,7 @@ async fn a_node_writes_only_its_own_reboot_slot(cluster: Cluster) {
 }
 
 real_only! {
+    a_firing_alert_holds_the_reboot => super::a_firing_alert_holds_the_reboot;
     kureds_lock_holds_the_reboot => super::kureds_lock_holds_the_reboot;
     a_node_writes_only_its_own_reboot_slot => super::a_node_writes_only_its_own_reboot_slot;
     a_fleet_reboots_two_at_a_time_within_its_budget => super::a_fleet_reboots_two_at_a_time_within_its_budget;

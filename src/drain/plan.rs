@@ -602,9 +602,13 @@ pub fn budgets_for<'a>(
         .collect()
 }
 
-/// The budgets that would refuse evicting all of `pods` now: each budget selecting more of them
-/// than its `disruptionsAllowed`, as "namespace/name allows N, the drain needs M". Empty: the
-/// budgets admit the drain as it stands (a coordinated reboot takes its slot only then).
+/// The budgets that hold a drain of `pods` back now: each budget selecting some of them that
+/// allows no disruption at the moment, as "namespace/name allows 0 disruptions now, the drain
+/// needs M". Empty: the drain can start evicting under every budget it meets (a coordinated
+/// reboot takes its slot only then). A budget allowing fewer than the drain needs is not here:
+/// the drain evicts as its replacements become ready, as any drain does; one allowing none now
+/// (its pods' replacements not ready yet, another node's drain under way, `minAvailable` equal to
+/// the replicas) would keep the drain waiting from its first eviction.
 pub fn budgets_short(pods: &[&Pod], budgets: &[PodDisruptionBudget]) -> Vec<String> {
     let mut need: BTreeMap<(String, String), (i32, i32)> = BTreeMap::new();
     for pod in pods {
@@ -617,9 +621,9 @@ pub fn budgets_short(pods: &[&Pod], budgets: &[PodDisruptionBudget]) -> Vec<Stri
         }
     }
     need.into_iter()
-        .filter(|(_, (allowed, needed))| needed > allowed)
+        .filter(|(_, (allowed, _))| *allowed < 1)
         .map(|((ns, name), (allowed, needed))| {
-            format!("{ns}/{name} allows {allowed}, the drain needs {needed}")
+            format!("{ns}/{name} allows {allowed} disruptions now, the drain needs {needed}")
         })
         .collect()
 }

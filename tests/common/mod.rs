@@ -12,6 +12,8 @@
 
 #![allow(dead_code)] // Each test binary uses its own part of this module.
 
+pub mod prometheus;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;

@@ -642,11 +642,12 @@ fn the_fallbacks_grace_is_whole_seconds_rounded_up_and_never_zero() {
     }
 }
 
-/// A coordinated reboot takes its slot only when every budget allows the evictions its drain
-/// needs now: two web pods need two disruptions, one allowed is short; a budget selecting none of
-/// the pods, or another namespace's, does not count.
+/// A coordinated reboot takes its slot only when every budget its drain meets allows a
+/// disruption now: two web pods under a budget allowing one can go (one, then the other once its
+/// replacement is ready); a budget allowing none holds it; one selecting none of the pods, or in
+/// another namespace, does not count.
 #[test]
-fn budgets_short_names_each_budget_the_drain_would_exceed() {
+fn budgets_short_names_each_budget_that_allows_no_disruption_now() {
     let pdb = |ns: &str, name: &str, app: &str, allowed: i32| -> PodDisruptionBudget {
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": ns},
@@ -662,15 +663,18 @@ fn budgets_short_names_each_budget_the_drain_would_exceed() {
     let pods = [&w1, &w2, &db];
     let budgets = [
         pdb("default", "web", "web", 1),
-        pdb("default", "db", "db", 1),
+        pdb("default", "db", "db", 0),
         pdb("other", "web", "web", 0),
         pdb("default", "cache", "cache", 0),
     ];
     assert_eq!(
         budgets_short(&pods, &budgets),
-        ["default/web allows 1, the drain needs 2"]
+        ["default/db allows 0 disruptions now, the drain needs 1"]
     );
-    let open = [pdb("default", "web", "web", 2)];
+    let open = [
+        pdb("default", "web", "web", 1),
+        pdb("default", "db", "db", 1),
+    ];
     assert!(budgets_short(&pods, &open).is_empty());
     assert!(
         budgets_short(&[], &budgets).is_empty(),
