@@ -556,6 +556,48 @@ async fn a_dead_holders_slot_frees_itself_when_its_lease_expires(cluster: Cluste
     teardown(&cluster, &admin, &ns, &mut [a, b]).await;
 }
 
+/// One node asking for a reboot while something holds it: waits until its condition says
+/// `reason` (returning the message), checks it took no slot and did not reboot meanwhile, runs
+/// `release`, then waits until it reboots.
+async fn held_then_released<F: std::future::Future<Output = ()>>(
+    cluster: &Cluster,
+    admin: &kube::Client,
+    m: &mut Machine,
+    reason: &str,
+    release: impl FnOnce() -> F,
+) -> String {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let t0 = Instant::now();
+    let message = loop {
+        let n = nodes.get(&m.name).await.expect("node");
+        if reboot_condition(&n).is_some_and(|(_, r)| r == reason) {
+            break nodeward::node_write::condition(&n, nodeward::reboot::CONDITION_TYPE)
+                .and_then(|c| c.message.clone())
+                .unwrap_or_default();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no {reason}:\n{}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(holders(admin, 1).await, [None], "no slot while {reason}");
+    assert!(!m.mark().exists(), "no reboot while {reason}");
+    release().await;
+    let t1 = Instant::now();
+    while !m.reboot_if_asked(cluster) {
+        assert!(
+            t1.elapsed() < Duration::from_secs(30),
+            "no reboot once {reason} was over:\n{}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    message
+}
+
 /// kured's lock annotation on a DaemonSet holds nodeward's reboots (the two must never reboot
 /// nodes together): the node says KuredPresent and takes no slot; once kured's lock is gone, it
 /// reboots.
@@ -586,44 +628,18 @@ async fn kureds_lock_holds_the_reboot(cluster: Cluster) {
         .await;
     m.start(&cluster);
     m.ask();
-    let nodes: Api<Node> = Api::all(admin.clone());
-    let t0 = Instant::now();
-    loop {
-        let n = nodes.get(&m.name).await.expect("node");
-        if reboot_condition(&n).is_some_and(|(_, r)| r == "KuredPresent") {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no KuredPresent:\n{}",
-            m.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        holders(&admin, 1).await,
-        [None],
-        "no slot while kured's lock is there"
-    );
-    assert!(!m.mark().exists(), "no reboot while kured's lock is there");
     let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(admin.clone(), &ns);
-    ds.patch(
-        "kured",
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(json!({"metadata": {"annotations": {lock: null}}})),
-    )
-    .await
-    .expect("remove kured's lock");
-    let t1 = Instant::now();
-    while !m.reboot_if_asked(&cluster) {
-        assert!(
-            t1.elapsed() < Duration::from_secs(30),
-            "no reboot after kured's lock went:\n{}",
-            m.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let message = held_then_released(&cluster, &admin, &mut m, "KuredPresent", || async {
+        ds.patch(
+            "kured",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {lock: null}}})),
+        )
+        .await
+        .expect("remove kured's lock");
+    })
+    .await;
+    assert!(message.contains("some-node"), "{message}");
     teardown(&cluster, &admin, &ns, &mut [m]).await;
 }
 
@@ -648,42 +664,11 @@ async fn a_firing_alert_holds_the_reboot(cluster: Cluster) {
         .await;
     m.start(&cluster);
     m.ask();
-    let nodes: Api<Node> = Api::all(admin.clone());
-    let t0 = Instant::now();
-    loop {
-        let n = nodes.get(&m.name).await.expect("node");
-        if reboot_condition(&n).is_some_and(|(_, r)| r == "BlockedByAlerts") {
-            let msg = nodeward::node_write::condition(&n, nodeward::reboot::CONDITION_TYPE)
-                .and_then(|c| c.message.clone())
-                .unwrap_or_default();
-            assert!(msg.contains("DiskFull"), "{msg}");
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no BlockedByAlerts:\n{}\n{}",
-            m.log(),
-            prometheus.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        holders(&admin, 1).await,
-        [None],
-        "no slot while the alert fires"
-    );
-    assert!(!m.mark().exists(), "no reboot while the alert fires");
-    prometheus.reload(quiet).await;
-    let t1 = Instant::now();
-    while !m.reboot_if_asked(&cluster) {
-        assert!(
-            t1.elapsed() < Duration::from_secs(30),
-            "no reboot once the alert stopped firing:\n{}",
-            m.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let message = held_then_released(&cluster, &admin, &mut m, "BlockedByAlerts", || {
+        prometheus.reload(quiet)
+    })
+    .await;
+    assert!(message.contains("DiskFull"), "{message}");
     teardown(&cluster, &admin, &ns, &mut [m]).await;
 }
 
