@@ -33,3 +33,4 @@ pub mod systemd;
 pub mod task;
 pub mod tomlfile;
 pub mod validate;
+pub mod window;

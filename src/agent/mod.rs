@@ -205,7 +205,9 @@ pub async fn run(settings: Settings, node: String, api: ApiAccess) -> Result<(),
         let parts = crate::reboot::run::Parts {
             kubeconfig,
             client,
-            metrics: agent.report.metrics.clone(),
+            metrics: agent.report.metrics.reboot.clone(),
+            drain_metrics: agent.report.metrics.drain.clone(),
+            gates_passing: agent.report.metrics.gates_passing.clone(),
             status_file: crate::reboot::status::path_beside(&settings.agent.status_file),
         };
         let coordinator = crate::reboot::run::Coordinator::new(&settings, node, parts);

@@ -17,7 +17,7 @@ use super::types::{
     Deadline, NodeName, OnDeadline, Period, Positive, ShutdownPolicy, TaintOwner, Wait, Waves,
 };
 use crate::gate::{ConditionGate, FileGate, HttpGate, PodGate};
-use crate::reboot::window::Window;
+use crate::window::Window;
 use jiff::civil::Weekday;
 
 /// Declares a fragment section whose fields are all `Option`, with a `merge` where the later

@@ -16,7 +16,7 @@ mod types;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use reboot::{AlertFilter, RebootSettings, Unavailable};
+pub use reboot::{AlertFilter, RebootSettings, SLOT_PREFIX, Unavailable};
 pub use scaler::{
     Capacity, CherryGroupSettings, CherrySettings, ExecSettings, Expander, GroupSettings,
     ProviderKind, ScalerSettings,

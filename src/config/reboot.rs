@@ -7,7 +7,10 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
 use crate::gate::Selector;
-use crate::reboot::window::{self, Window};
+use crate::window::{self, Window};
+
+/// Reboot slots are named this, then the slot's number.
+pub const SLOT_PREFIX: &str = "nodeward-reboot-";
 
 /// `[reboot]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,7 +102,7 @@ impl RebootSettings {
     /// The slots' names.
     pub fn slot_names(&self) -> Vec<String> {
         (0..self.concurrency)
-            .map(|i| format!("{}{i}", crate::reboot::SLOT_PREFIX))
+            .map(|i| format!("{SLOT_PREFIX}{i}"))
             .collect()
     }
 }

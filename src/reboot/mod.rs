@@ -12,7 +12,7 @@
 //! the reboot knows it was one; the `nodeward.io/Reboot` condition, Events, `nodeward status`
 //! and `nodeward_reboot_*` say what it waits for.
 //!
-//! The decisions are pure ([`decide`], [`window`]); [`run`] gathers the facts and acts.
+//! The decisions are pure ([`decide`], [`crate::window`]); [`run`] gathers the facts and acts.
 
 pub mod alerts;
 pub mod decide;
@@ -20,10 +20,8 @@ pub mod metrics;
 pub mod run;
 pub mod slot;
 pub mod status;
-pub mod window;
 
-/// Slots are named this, then the slot's number.
-pub const SLOT_PREFIX: &str = "nodeward-reboot-";
+pub use crate::config::SLOT_PREFIX;
 
 /// The Node condition the coordinator writes.
 pub const CONDITION_TYPE: &str = "nodeward.io/Reboot";

@@ -43,8 +43,10 @@ pub struct Coordinator {
     slots: Vec<Slot>,
     boot_id: String,
     metrics: Arc<RebootMetrics>,
-    /// The agent's own figures: its gates' verdict in this process, so in this boot.
-    agent_metrics: Arc<crate::agent::metrics::AgentMetrics>,
+    /// The agent's drains' figures.
+    drain_metrics: Arc<crate::drain::metrics::DrainMetrics>,
+    /// 1 while every readiness gate passes, as this agent process (so this boot) judges them.
+    gates_passing: prometheus_client::metrics::gauge::Gauge,
     status: super::status::Writer,
     http: reqwest::Client,
     /// When the request pending now was first seen.
@@ -63,8 +65,12 @@ pub struct Parts {
     pub kubeconfig: Option<PathBuf>,
     /// A client built already, if any.
     pub client: Option<kube::Client>,
-    /// The agent's metrics.
-    pub metrics: Arc<crate::agent::metrics::AgentMetrics>,
+    /// Where the coordinator's figures go.
+    pub metrics: Arc<RebootMetrics>,
+    /// Where its drain's figures go.
+    pub drain_metrics: Arc<crate::drain::metrics::DrainMetrics>,
+    /// The agent's gates' verdict (1: all pass).
+    pub gates_passing: prometheus_client::metrics::gauge::Gauge,
     /// Where the coordinator's status goes (`nodeward status` reads it).
     pub status_file: PathBuf,
 }
@@ -80,8 +86,9 @@ impl Coordinator {
             client: parts.client,
             slots: Vec::new(),
             boot_id: super::boot_id().unwrap_or_default(),
-            metrics: parts.metrics.reboot.clone(),
-            agent_metrics: parts.metrics,
+            metrics: parts.metrics,
+            drain_metrics: parts.drain_metrics,
+            gates_passing: parts.gates_passing,
             status: super::status::Writer::new(parts.status_file),
             http: reqwest::Client::new(),
             requested_since: None,
@@ -484,7 +491,7 @@ impl Coordinator {
         opts.timeout = self.s.drain_timeout;
         // A drain that cannot finish does not reboot: nothing is deleted past a budget.
         opts.on_deadline = crate::config::OnDeadline::Abandon;
-        opts.metrics = Some(self.agent_metrics.drain.clone());
+        opts.metrics = Some(self.drain_metrics.clone());
         opts
     }
 
@@ -703,7 +710,7 @@ impl Coordinator {
         let now = Timestamp::now();
         // The gates as this agent process judges them: the Node's nodeward.io/Ready may still say
         // True from before the reboot, until the new agent writes it.
-        let gates_pass = self.agent_metrics.gates_passing.get() == 1;
+        let gates_pass = self.gates_passing.get() == 1;
         let step = decide::back(
             returning(me, gates_pass),
             self.back_since,

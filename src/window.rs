@@ -1,5 +1,5 @@
 //! The maintenance window: the days and hours, in a time zone, when a node may start a
-//! coordinated reboot. kured's `--reboot-days`, `--start-time`, `--end-time` and `--time-zone`,
+//! coordinated reboot ([`crate::reboot`]; `[reboot]` in the config). kured's `--reboot-days`, `--start-time`, `--end-time` and `--time-zone`,
 //! with the same meaning: a window whose end is before its start runs past midnight and belongs
 //! to the day it opened on.
 
