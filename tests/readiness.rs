@@ -522,6 +522,27 @@ async fn a_stop_is_prompt_while_the_api_server_does_not_answer() {
     cluster.add_node(&node, &[], startup_taint()).await;
     let mut c = controller(&cluster, &[]);
     tokio::task::block_in_place(|| c.wait_for_log("nodes listed", LIMIT));
+    // "nodes listed" comes before the watch request (kube's watcher lists, then watches): a
+    // latency set now could hold the watch itself, and the controller would never see the report
+    // below (it failed so once, under load). A probe node it untaints proves the watch is up.
+    let probe = unique("probe");
+    cluster.add_node(&probe, &[], startup_taint()).await;
+    emu.modify("nodes", None, &probe, |n| {
+        n["status"]["conditions"] = json!([{"type": CONDITION_TYPE, "status": "True",
+            "reason": "GatesPassed", "message": "test",
+            "lastHeartbeatTime": jiff::Timestamp::now().to_string(),
+            "lastTransitionTime": jiff::Timestamp::now().to_string()}]);
+    })
+    .expect("report the probe ready");
+    let admin = cluster.admin().await;
+    wait_node(
+        &admin,
+        &probe,
+        "the controller untaints the probe",
+        LIMIT,
+        |n| !has_startup_taint(n),
+    )
+    .await;
     emu.set_latency(Duration::from_secs(600));
     // Written in the emulator's store, not through its (frozen) API: the watch delivers it.
     emu.modify("nodes", None, &node, |n| {
