@@ -649,6 +649,21 @@ async fn a_firing_alert_holds_the_reboot(cluster: Cluster) {
     let firing = "groups:\n  - name: t\n    interval: 1s\n    rules:\n      - alert: DiskFull\n        expr: vector(1)\n";
     let quiet = "groups:\n  - name: t\n    interval: 1s\n    rules:\n      - alert: DiskFull\n        expr: vector(1) == 0\n";
     let prometheus = Prometheus::start(&prometheus_bin(), firing).await;
+    // Ready is before the rule's first evaluation: the alert must fire before the node asks.
+    let http = reqwest::Client::new();
+    let t0 = Instant::now();
+    while nodeward::reboot::alerts::firing(&http, &prometheus.base, Duration::from_secs(5))
+        .await
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the alert never fired:\n{}",
+            prometheus.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let admin = cluster.admin().await;
     free_slots(&admin).await;
     let ns = unique("alert");
