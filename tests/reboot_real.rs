@@ -544,13 +544,15 @@ async fn a_dead_holders_slot_frees_itself_when_its_lease_expires(cluster: Cluste
         lease.as_secs(),
         lease.as_secs() / 3
     );
-    // Never before the duration has passed unrenewed; within two periods after it.
+    // Never before the duration has passed unrenewed.
     assert!(
         after >= lease,
         "taken {after:?} after the last renewal, before {lease:?}"
     );
+    // At most: the waiter's first read after the renewal (a pass, 1 s, more under load), the
+    // duration, and its next pass: a few periods past the duration, never another duration.
     assert!(
-        after <= lease + Duration::from_secs(3),
+        after <= lease + Duration::from_secs(5),
         "taken {after:?} after the last renewal: the slot stayed held past its duration"
     );
     teardown(&cluster, &admin, &ns, &mut [a, b]).await;
