@@ -446,12 +446,13 @@ impl Coordinator {
                 );
             }
         };
+        let by_uid: std::collections::HashMap<&str, &Pod> = pods
+            .iter()
+            .filter_map(|p| Some((p.metadata.uid.as_deref()?, p)))
+            .collect();
         let leaving: Vec<&Pod> = plan
             .evictions()
-            .filter_map(|(r, _)| {
-                pods.iter()
-                    .find(|p| p.metadata.uid.as_deref() == Some(&r.uid))
-            })
+            .filter_map(|(r, _)| by_uid.get(r.uid.as_str()).copied())
             .collect();
         (
             crate::drain::plan::budgets_short(&leaving, &budgets),
@@ -701,11 +702,9 @@ impl Coordinator {
         let due = self
             .renewed_at
             .is_none_or(|t| t.elapsed() >= self.s.lease_duration / 3);
-        if due && let Some(e) = self.slot(&r.slot) {
-            // Still ours (not taken over while the machine was down): renew it.
-            if e.peek().await == Some(Step::Renew) && e.try_acquire().await {
-                self.renewed_at = Some(std::time::Instant::now());
-            }
+        // Still ours (not taken over while the machine was down): renew it.
+        if due && self.still_holds(&r.slot).await {
+            self.renewed_at = Some(std::time::Instant::now());
         }
         let now = Timestamp::now();
         // The gates as this agent process judges them: the Node's nodeward.io/Ready may still say
