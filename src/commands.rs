@@ -28,6 +28,9 @@ pub const EXIT_REFUSED: u8 = 4;
 /// `drain`: every pod left the node, but `drain.on_deadline = delete` deleted some past their
 /// PodDisruptionBudgets.
 pub const EXIT_DELETED_PAST_BUDGETS: u8 = 5;
+/// `drain`: pods are still on the node because their PodDisruptionBudgets cannot allow their
+/// eviction (`drain.unsatisfiable_budgets = act` applied `on_deadline` to them early).
+pub const EXIT_BUDGET_UNSATISFIABLE: u8 = 6;
 
 /// Runs the parsed command line; returns the exit code.
 pub fn run(cli: Cli) -> anyhow::Result<u8> {
@@ -361,6 +364,7 @@ pub fn drain_exit_code(report: &crate::drain::DrainReport) -> u8 {
         }
         crate::drain::DrainOutcome::Drained => EXIT_OK,
         crate::drain::DrainOutcome::Refused => EXIT_REFUSED,
+        crate::drain::DrainOutcome::BudgetUnsatisfiable => EXIT_BUDGET_UNSATISFIABLE,
         // `nodeward drain` gives its drain no stop signal: it never ends cancelled.
         crate::drain::DrainOutcome::DeadlineExceeded | crate::drain::DrainOutcome::Cancelled => {
             EXIT_DEADLINE

@@ -101,6 +101,7 @@ pub fn exercise(settings: &crate::config::Settings) {
             concurrency: opts.concurrency,
             timeout: opts.timeout,
             on_deadline: opts.on_deadline,
+            unsatisfiable: opts.unsatisfiable,
         };
         let mut schedule = Schedule::new(limits, opts.plan.clone(), started);
         schedule.track(&pod, &|_, _| false);
@@ -258,6 +259,7 @@ pub fn drain_timeout(data: &[u8]) {
             concurrency: 1,
             timeout,
             on_deadline,
+            unsatisfiable: crate::config::UnsatisfiableBudgets::Act,
         };
         let started = tokio::time::Instant::now();
         let mut schedule = Schedule::new(limits, plan.clone(), started);

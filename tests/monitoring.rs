@@ -42,6 +42,7 @@ fn agent() -> nodeward::agent::metrics::AgentMetrics {
         refused: Vec::new(),
         left_behind: Vec::new(),
         force_deleted: Vec::new(),
+        unsatisfiable: Vec::new(),
         eviction_requests: 0,
         stopped: Vec::new(),
         elapsed: std::time::Duration::ZERO,

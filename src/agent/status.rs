@@ -91,6 +91,9 @@ pub enum ShutdownOutcome {
     Refused,
     /// The deadline came first; the last error, when attempts failed.
     DeadlineExceeded(Option<String>),
+    /// Pods stayed because their budgets cannot allow their eviction; the deadline policy
+    /// applied to them early.
+    BudgetUnsatisfiable,
     /// Cordoned only (policy `cordon`).
     Cordoned,
     /// Policy `nothing`.
@@ -114,6 +117,7 @@ impl From<crate::drain::DrainOutcome> for ShutdownOutcome {
             crate::drain::DrainOutcome::Drained => Self::Drained,
             crate::drain::DrainOutcome::Refused => Self::Refused,
             crate::drain::DrainOutcome::DeadlineExceeded => Self::DeadlineExceeded(None),
+            crate::drain::DrainOutcome::BudgetUnsatisfiable => Self::BudgetUnsatisfiable,
             crate::drain::DrainOutcome::Cancelled => Self::Cancelled,
         }
     }
@@ -126,6 +130,7 @@ impl std::fmt::Display for ShutdownOutcome {
             Self::Refused => crate::drain::DrainOutcome::Refused.fmt(f),
             Self::DeadlineExceeded(None) => crate::drain::DrainOutcome::DeadlineExceeded.fmt(f),
             Self::DeadlineExceeded(Some(e)) => write!(f, "deadline exceeded; last error: {e}"),
+            Self::BudgetUnsatisfiable => crate::drain::DrainOutcome::BudgetUnsatisfiable.fmt(f),
             Self::Cancelled => f.write_str("stopped: the shutdown was cancelled"),
             Self::Cordoned => f.write_str("cordoned"),
             Self::NothingToDo => f.write_str("nothing to do (policy)"),
@@ -560,6 +565,7 @@ mod tests {
             refused: Vec::new(),
             left_behind: Vec::new(),
             force_deleted: vec![pod("b")],
+            unsatisfiable: Vec::new(),
             eviction_requests: 2,
             stopped: Vec::new(),
             elapsed: std::time::Duration::from_secs(1),

@@ -20,6 +20,7 @@ fn report(outcome: DrainOutcome, force_deleted: usize) -> DrainReport {
         refused: Vec::new(),
         left_behind: Vec::new(),
         force_deleted: vec![pod; force_deleted],
+        unsatisfiable: Vec::new(),
         eviction_requests: 0,
         stopped: Vec::new(),
         elapsed: Duration::ZERO,
@@ -37,6 +38,8 @@ fn each_end_of_a_drain_has_its_exit_code() {
         (DrainOutcome::Refused, 1, 4),
         (DrainOutcome::DeadlineExceeded, 0, 3),
         (DrainOutcome::DeadlineExceeded, 1, 3),
+        (DrainOutcome::BudgetUnsatisfiable, 0, 6),
+        (DrainOutcome::BudgetUnsatisfiable, 1, 6),
     ];
     for (outcome, deleted, code) in cases {
         assert_eq!(

@@ -14,7 +14,8 @@ use super::scaler::{
     ListenAddr, Percent, ProviderKind, ScalerSettings, Share, Taints, TokenTtl, default_template,
 };
 use super::types::{
-    Deadline, NodeName, OnDeadline, Period, Positive, ShutdownPolicy, TaintOwner, Wait, Waves,
+    Deadline, NodeName, OnDeadline, Period, Positive, ShutdownPolicy, TaintOwner,
+    UnsatisfiableBudgets, Wait, Waves,
 };
 use crate::gate::{ConditionGate, FileGate, HttpGate, PodGate};
 use crate::window::Window;
@@ -230,6 +231,8 @@ fragment!(
         timeout: Deadline,
         /// Deadline policy.
         on_deadline: OnDeadline,
+        /// Unsatisfiable budgets.
+        unsatisfiable_budgets: UnsatisfiableBudgets,
         /// Evict unmanaged pods.
         force: bool,
         /// Evict emptyDir pods (operator's drain).
@@ -590,6 +593,9 @@ impl Fragment {
             drain: super::DrainSettings {
                 timeout: drain.timeout.map_or(d.drain.timeout, |t| t.0),
                 on_deadline: drain.on_deadline.unwrap_or(d.drain.on_deadline),
+                unsatisfiable_budgets: drain
+                    .unsatisfiable_budgets
+                    .unwrap_or(d.drain.unsatisfiable_budgets),
                 force: drain.force.unwrap_or(d.drain.force),
                 delete_emptydir_data: drain
                     .delete_emptydir_data

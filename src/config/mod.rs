@@ -22,7 +22,7 @@ pub use scaler::{
     ProviderKind, ScalerSettings,
 };
 pub(crate) use types::Deadline;
-pub use types::{OnDeadline, ShutdownPolicy, TaintOwner, Wave};
+pub use types::{OnDeadline, ShutdownPolicy, TaintOwner, UnsatisfiableBudgets, Wave};
 
 /// Where the agent looks when neither `--config` nor `NODEWARD_CONFIG` is given.
 pub const DEFAULT_PATH: &str = "/etc/nodeward/config.toml";
@@ -168,6 +168,8 @@ pub struct DrainSettings {
     pub timeout: Duration,
     /// What to do with pods still there when the deadline nears.
     pub on_deadline: OnDeadline,
+    /// Whether a pod whose budget cannot allow its eviction gets the deadline policy at once.
+    pub unsatisfiable_budgets: UnsatisfiableBudgets,
     /// Evict pods no controller manages (they are not recreated anywhere).
     pub force: bool,
     /// Evict pods with emptyDir volumes (their data is lost) in an operator's drain of a node
@@ -197,6 +199,9 @@ impl Default for Settings {
                 // shipped drop-in), less a margin for cordon and lock release.
                 timeout: Duration::from_secs(90),
                 on_deadline: OnDeadline::Abandon,
+                // Waiting for a budget that cannot open only spends the deadline: the pod meets
+                // the same policy either way, and the shutdown goes on sooner.
+                unsatisfiable_budgets: UnsatisfiableBudgets::Act,
                 force: false,
                 // An operator's drain of a node that stays up: kubectl drain's default. The pod's
                 // scratch data would be lost without anyone having asked.

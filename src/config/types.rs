@@ -87,6 +87,29 @@ pub enum OnDeadline {
     Wait,
 }
 
+impl OnDeadline {
+    /// The value as the configuration spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Abandon => "abandon",
+            Self::Delete => "delete",
+            Self::Wait => "wait",
+        }
+    }
+}
+
+/// What the drain does with a pod whose budget refused its eviction and can be shown never to
+/// allow it before the deadline ([`crate::drain::unsatisfiable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnsatisfiableBudgets {
+    /// Apply the deadline policy (`on_deadline`) to it now: the same outcome, sooner.
+    Act,
+    /// Say so, and keep waiting until the deadline (a cluster whose scaler adds nodes for
+    /// unschedulable pods may open the budget after all).
+    Wait,
+}
+
 /// One priority wave: pods with `spec.priority >= min_priority` (and below the next wave's)
 /// are evicted together, within `share_of_deadline` of the overall deadline.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

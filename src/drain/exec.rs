@@ -37,7 +37,7 @@ use super::step::{
     Command, Deleted, Limits, PodState, Refusal, Schedule, Step, Tracked, Verdict, later,
 };
 use super::surging::{self, Surges};
-use crate::config::OnDeadline;
+use crate::config::{OnDeadline, UnsatisfiableBudgets};
 use crate::node_write::{self, NodeWrite, WriteError};
 use crate::store::Mirror;
 
@@ -153,6 +153,8 @@ pub struct DrainOptions {
     pub timeout: Duration,
     /// What happens when the deadline nears.
     pub on_deadline: OnDeadline,
+    /// Whether a pod whose budget cannot allow its eviction gets `on_deadline` at once.
+    pub unsatisfiable: UnsatisfiableBudgets,
     /// Add the load-balancer exclusion label while draining.
     pub exclude_from_load_balancers: bool,
     /// Why, recorded in the cordon annotation and events.
@@ -225,6 +227,7 @@ impl DrainOptions {
             concurrency: usize::try_from(s.concurrency).unwrap_or(usize::MAX),
             timeout: s.timeout,
             on_deadline: s.on_deadline,
+            unsatisfiable: s.unsatisfiable_budgets,
             exclude_from_load_balancers: s.exclude_from_load_balancers,
             reason: reason.into(),
             metrics: None,
@@ -255,6 +258,9 @@ pub struct DrainReport {
     pub left_behind: Vec<PodRef>,
     /// Pods deleted bypassing their budgets by the `delete` deadline policy.
     pub force_deleted: Vec<PodRef>,
+    /// Of the pods left behind or deleted past their budgets, those whose budget could not
+    /// allow their eviction, and why ([`super::unsatisfiable`]).
+    pub unsatisfiable: Vec<(PodRef, super::unsatisfiable::Why)>,
     /// Eviction requests sent.
     pub eviction_requests: usize,
     /// Pods being deleted whose containers had stopped when the drain ended, their objects
@@ -283,6 +289,7 @@ impl DrainReport {
             refused: tally.refused,
             left_behind: tally.left_behind,
             force_deleted: tally.force_deleted,
+            unsatisfiable: tally.unsatisfiable,
             eviction_requests: tally.eviction_requests,
             stopped,
             elapsed,
@@ -313,6 +320,9 @@ impl std::fmt::Display for DrainReport {
         }
         for p in &self.force_deleted {
             writeln!(f, "  deleted past its budget {p}")?;
+        }
+        for (p, why) in &self.unsatisfiable {
+            writeln!(f, "  budget unsatisfiable for {p}: {why}")?;
         }
         for p in &self.stopped {
             writeln!(
@@ -474,19 +484,11 @@ pub async fn uncordon(client: &Client, node: &str, force: bool) -> Result<Uncord
     .await
 }
 
-fn pdb_key(b: &PodDisruptionBudget) -> String {
-    format!(
-        "{}/{}",
-        b.metadata.namespace.as_deref().unwrap_or_default(),
-        b.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
 /// The `disruptionsAllowed` of the budget `key` (`namespace/name`) in the drain's view.
 fn allowed_in(budgets: &[std::sync::Arc<PodDisruptionBudget>], key: &str) -> Option<i32> {
     budgets
         .iter()
-        .find(|b| pdb_key(b) == key)
+        .find(|b| plan::budget_key(b) == key)
         .and_then(|b| b.status.as_ref())
         .map(|s| s.disruptions_allowed)
 }
@@ -503,21 +505,46 @@ fn budget_open(budgets: &[std::sync::Arc<PodDisruptionBudget>], pod: &Tracked) -
 }
 
 /// The UIDs of the pods on the node.
-/// The schedule's questions about budgets, answered from one snapshot of the budget watch.
-struct BudgetView<'a>(&'a [std::sync::Arc<PodDisruptionBudget>]);
+/// The schedule's questions about budgets, answered from one snapshot of the drain's watches.
+struct BudgetView<'a> {
+    /// The budgets.
+    budgets: &'a [std::sync::Arc<PodDisruptionBudget>],
+    /// The cluster's Pending pods, once a budget blocked a pod ([`Evidence`]).
+    pending: &'a [std::sync::Arc<Pod>],
+    /// Every Node, once listed.
+    nodes: Option<&'a [std::sync::Arc<Node>]>,
+    /// The node drained.
+    node: &'a str,
+}
 
 impl super::step::Budgets for BudgetView<'_> {
     fn open(&self, t: &Tracked) -> bool {
-        budget_open(self.0, t)
+        budget_open(self.budgets, t)
+    }
+    fn unsatisfiable(&self, t: &Tracked) -> Option<super::unsatisfiable::Why> {
+        plan::budgets_for(
+            &t.pod.namespace,
+            &t.labels,
+            self.budgets.iter().map(AsRef::as_ref),
+        )
+        .into_iter()
+        .find_map(|b| {
+            super::unsatisfiable::judge(
+                b,
+                self.pending.iter().map(AsRef::as_ref),
+                self.nodes,
+                self.node,
+            )
+        })
     }
     fn of(&self, t: &Tracked) -> Vec<String> {
         plan::budgets_for(
             &t.pod.namespace,
             &t.labels,
-            self.0.iter().map(AsRef::as_ref),
+            self.budgets.iter().map(AsRef::as_ref),
         )
         .into_iter()
-        .map(pdb_key)
+        .map(plan::budget_key)
         .collect()
     }
 }
@@ -640,6 +667,85 @@ struct Watches<'a> {
     pods: Mirror<Pod>,
     budgets: Mirror<PodDisruptionBudget>,
     daemonsets: Mirror<PartialObjectMeta<DaemonSet>>,
+    evidence: Evidence<'a>,
+}
+
+/// One of the [`Evidence`] watches' events.
+enum Seen {
+    Pending(Box<watcher::Result<watcher::Event<Pod>>>),
+    Node(Box<watcher::Result<watcher::Event<Node>>>),
+}
+
+/// What shows that a budget blocking a pod cannot open ([`super::unsatisfiable`]): the
+/// cluster's Pending pods (its missing replicas, and whether the scheduler placed them) and the
+/// Nodes (whether any other takes pods). Watched only from the first pod a budget blocks: most
+/// drains never meet one. Evidence, not a precondition: a watch the drain may not make (an
+/// operator's identity that cannot list Nodes) only means the drain waits, as before.
+struct Evidence<'a> {
+    events: BoxStream<'a, Seen>,
+    pending: Mirror<Pod>,
+    nodes: Mirror<Node>,
+    started: bool,
+}
+
+impl Evidence<'_> {
+    fn idle() -> Self {
+        Self {
+            events: futures::stream::pending().boxed(),
+            pending: Mirror::default(),
+            nodes: Mirror::default(),
+            started: false,
+        }
+    }
+
+    fn start(&mut self, client: &Client) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let pending = watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().fields("status.phase=Pending"),
+        )
+        .default_backoff()
+        .map(|e| Seen::Pending(Box::new(e)));
+        let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .map(|e| Seen::Node(Box::new(e)));
+        self.events = futures::stream::select(pending, nodes).boxed();
+    }
+
+    fn apply(&mut self, seen: Seen, node: &str) {
+        let error = match seen {
+            Seen::Pending(ev) => match *ev {
+                Ok(ev) => return self.pending.apply(&ev),
+                Err(e) => e,
+            },
+            Seen::Node(ev) => match *ev {
+                Ok(ev) => return self.nodes.apply(&ev),
+                Err(e) => e,
+            },
+        };
+        debug!(node, error = %error, "cannot watch what shows a budget cannot open; the drain waits for budgets as before");
+    }
+}
+
+/// One step's view of the watches, from which [`BudgetView`] answers.
+struct Snapshot {
+    budgets: Vec<std::sync::Arc<PodDisruptionBudget>>,
+    pending: Vec<std::sync::Arc<Pod>>,
+    nodes: Option<Vec<std::sync::Arc<Node>>>,
+}
+
+impl Snapshot {
+    fn view<'a>(&'a self, node: &'a str) -> BudgetView<'a> {
+        BudgetView {
+            budgets: &self.budgets,
+            pending: &self.pending,
+            nodes: self.nodes.as_deref(),
+            node,
+        }
+    }
 }
 
 impl Watches<'_> {
@@ -667,6 +773,26 @@ impl Watches<'_> {
             pods: Mirror::default(),
             budgets: Mirror::default(),
             daemonsets: Mirror::default(),
+            evidence: Evidence::idle(),
+        }
+    }
+
+    /// This step's view; the evidence watches start with the first pod a budget blocks.
+    fn snapshot(&mut self, schedule: &Schedule, client: &Client) -> Snapshot {
+        if schedule
+            .tracked()
+            .any(|t| matches!(t.state, PodState::Blocked { .. }))
+        {
+            self.evidence.start(client);
+        }
+        Snapshot {
+            budgets: self.budgets.state(),
+            pending: self.evidence.pending.state(),
+            nodes: self
+                .evidence
+                .nodes
+                .synced()
+                .then(|| self.evidence.nodes.state()),
         }
     }
 
@@ -809,8 +935,8 @@ impl<'a> Drain<'a> {
             // Before the step, so that a pod the node says has left counts in this very step.
             let next_poll = self.poll_node(&mut schedule, &w.pods, &mut surges, now);
             // One snapshot of the budgets per step, not one per blocked pod.
-            let snapshot = w.budgets.state();
-            let (commands, mut wake) = match schedule.step(now, &BudgetView(&snapshot)) {
+            let snapshot = w.snapshot(&schedule, self.client);
+            let (commands, mut wake) = match schedule.step(now, &snapshot.view(self.node)) {
                 Step::Done(outcome) => break outcome,
                 Step::Run { commands, wake } => (commands, wake),
             };
@@ -823,7 +949,13 @@ impl<'a> Drain<'a> {
             if let Some(at) = self.check_surges(now, &mut surges, &mut inflight) {
                 wake = wake.min(at);
             }
-            if let Some(at) = self.explain(&schedule, &snapshot, now, deadline, narrator.as_mut()) {
+            if let Some(at) = self.explain(
+                &schedule,
+                &snapshot.budgets,
+                now,
+                deadline,
+                narrator.as_mut(),
+            ) {
                 wake = wake.min(at);
             }
             tokio::select! {
@@ -841,6 +973,7 @@ impl<'a> Drain<'a> {
                     Ok(ev) => w.daemonsets.apply(&ev),
                     Err(e) => check_watch_error(self.node, &e, "list and watch daemonsets")?,
                 },
+                Some(seen) = w.evidence.events.next() => w.evidence.apply(seen, self.node),
                 () = stop_requested(stop.as_mut()) => break DrainOutcome::Cancelled,
                 _ = tokio::time::sleep_until(wake) => {}
             }
@@ -925,7 +1058,7 @@ impl<'a> Drain<'a> {
                 budgets.iter().map(AsRef::as_ref),
             )
             .into_iter()
-            .map(pdb_key)
+            .map(plan::budget_key)
             .collect()
         };
         let e = explain::explain(schedule.tracked(), now, deadline, &selecting, &|b| {
@@ -975,6 +1108,7 @@ impl<'a> Drain<'a> {
             concurrency: self.opts.concurrency,
             timeout: self.opts.timeout,
             on_deadline: self.opts.on_deadline,
+            unsatisfiable: self.opts.unsatisfiable,
         };
         let mut schedule = Schedule::new(limits, self.opts.plan.clone(), started);
         for pod in w.pods.state() {
@@ -1098,9 +1232,12 @@ impl<'a> Drain<'a> {
     /// that ran out of time) and the Draining condition turned `False` with the same words.
     async fn announce_end(&self, report: &DrainReport, narrator: Option<Narrator>) {
         let (type_, reason, note) = ending(report, self.opts.timeout);
-        if report.outcome == DrainOutcome::DeadlineExceeded {
+        if matches!(
+            report.outcome,
+            DrainOutcome::DeadlineExceeded | DrainOutcome::BudgetUnsatisfiable
+        ) {
             let names: Vec<String> = report.left_behind.iter().map(ToString::to_string).collect();
-            warn!(node = self.node, left = names.len(), pods = %names.join(", "), "drain deadline exceeded");
+            warn!(node = self.node, left = names.len(), pods = %names.join(", "), "drain ended {}", report.outcome);
         }
         if let Some(m) = &self.opts.metrics {
             m.ended(report.outcome, report.elapsed.as_secs_f64());
@@ -1217,7 +1354,34 @@ impl<'a> Drain<'a> {
                 node = self.node,
                 "deadline passed; on_deadline = wait, so the drain goes on"
             ),
+            Command::Unsatisfiable { pod, why, acting } => self.unsatisfiable(&pod, &why, acting),
         }
+    }
+
+    /// A pod's budget cannot allow its eviction: said in the log, an Event on the pod and the
+    /// metrics, with what the drain does about it (the drain's end Event on the Node names them
+    /// all).
+    fn unsatisfiable(&self, pod: &PodRef, why: &super::unsatisfiable::Why, acting: bool) {
+        let now = if acting {
+            format!(
+                "drain.on_deadline = {} applies to it now",
+                self.opts.on_deadline.as_str()
+            )
+        } else {
+            "the drain waits for it until its deadline".to_string()
+        };
+        warn!(node = self.node, pod = %pod, "BudgetUnsatisfiable: {why}; {now}");
+        if let Some(m) = &self.opts.metrics {
+            m.unsatisfiable(acting);
+        }
+        crate::events::publish_detached(
+            &self.recorder,
+            pod.object_ref(),
+            EventType::Warning,
+            "BudgetUnsatisfiable",
+            "Drain",
+            format!("eviction from node {}: {why}; {now}", self.node),
+        );
     }
 
     /// Reads the ready count of the surges waiting for their replacement, every
@@ -1312,7 +1476,7 @@ impl<'a> Drain<'a> {
         let matching: Vec<String> =
             plan::budgets_for(&pod.namespace, &labels, all.iter().map(AsRef::as_ref))
                 .into_iter()
-                .map(pdb_key)
+                .map(plan::budget_key)
                 .collect();
         if let Some(m) = &self.opts.metrics {
             m.answered(code);
@@ -1374,19 +1538,28 @@ fn ending(report: &DrainReport, timeout: Duration) -> (EventType, &'static str, 
             );
             (EventType::Normal, "DrainCancelled", note)
         }
-        DrainOutcome::DeadlineExceeded => {
+        DrainOutcome::DeadlineExceeded | DrainOutcome::BudgetUnsatisfiable => {
             let left = names(&report.left_behind);
-            let mut note = format!(
-                "{} pods left after {:?}: {}",
-                left.len(),
-                timeout,
-                left.join(", ")
-            );
+            let mut note = if report.outcome == DrainOutcome::DeadlineExceeded {
+                format!("{} pods left after {timeout:?}: ", left.len())
+            } else {
+                format!(
+                    "{} pods left after {:.1}s, their budgets unable to allow their eviction: ",
+                    left.len(),
+                    report.elapsed.as_secs_f64()
+                )
+            };
+            note.push_str(&left.join(", "));
             if !deleted.is_empty() {
                 let evicted = report.evicted.len();
                 note.push_str(&format!("; {evicted} pods evicted{past_budgets}{which}"));
             }
-            (EventType::Warning, "DrainTimedOut", note)
+            note.push_str(&unsatisfiable_note(report));
+            let reason = match report.outcome {
+                DrainOutcome::DeadlineExceeded => "DrainTimedOut",
+                _ => "DrainBudgetUnsatisfiable",
+            };
+            (EventType::Warning, reason, note)
         }
         DrainOutcome::Drained | DrainOutcome::Refused => {
             let refused: Vec<String> = report
@@ -1402,6 +1575,7 @@ fn ending(report: &DrainReport, timeout: Duration) -> (EventType, &'static str, 
             if !refused.is_empty() {
                 note.push_str(&format!("; refused: {}", refused.join(", ")));
             }
+            note.push_str(&unsatisfiable_note(report));
             if !report.stopped.is_empty() {
                 note.push_str(&format!(
                     "; {} stopped, their objects Terminating until the kubelet is back",
@@ -1416,6 +1590,20 @@ fn ending(report: &DrainReport, timeout: Duration) -> (EventType, &'static str, 
             (type_, "DrainSucceeded", note)
         }
     }
+}
+
+/// "; budget unsatisfiable: pod (why), ..." for the pods left or deleted because their budgets
+/// could not allow their eviction; empty when none were.
+fn unsatisfiable_note(report: &DrainReport) -> String {
+    if report.unsatisfiable.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = report
+        .unsatisfiable
+        .iter()
+        .map(|(p, why)| format!("{p} ({why})"))
+        .collect();
+    format!("; budget unsatisfiable: {}", each.join(", "))
 }
 
 /// An eviction's answer as the schedule reads it: status code, cause and message.

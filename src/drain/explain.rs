@@ -27,6 +27,10 @@ pub const REFRESH: Duration = Duration::from_secs(15);
 /// What the drain waits on, most telling first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Reason {
+    /// A budget refused a pod's eviction and cannot allow it before the deadline
+    /// ([`super::unsatisfiable`]); the drain waits on for it all the same (`on_deadline = wait`
+    /// or `unsatisfiable_budgets = wait`).
+    BudgetUnsatisfiable,
     /// A budget refused at least one pod's eviction: the drain waits for it to allow one.
     WaitingForBudget,
     /// A surge asked a Deployment for a replacement: the drain waits for it to be Ready.
@@ -43,6 +47,7 @@ impl Reason {
     /// The condition's `reason`, in CamelCase as Kubernetes reasons are.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::BudgetUnsatisfiable => "BudgetUnsatisfiable",
             Self::WaitingForBudget => "WaitingForBudget",
             Self::WaitingForReplacement => "WaitingForReplacement",
             Self::Evicting => "Evicting",
@@ -63,6 +68,8 @@ pub struct Blocker {
     pub allowed: Option<i32>,
     /// How long the pod has been refused.
     pub waited: Duration,
+    /// Why its budget cannot allow its eviction, when the drain can show it cannot.
+    pub unsatisfiable: Option<String>,
 }
 
 /// A running drain, explained.
@@ -110,7 +117,9 @@ pub fn explain<'a>(
         }
         left += 1;
     }
-    let reason = if !refused.is_empty() {
+    let reason = if refused.iter().any(|(_, t, _)| t.unsatisfiable.is_some()) {
+        Reason::BudgetUnsatisfiable
+    } else if !refused.is_empty() {
         Reason::WaitingForBudget
     } else if replacing > 0 {
         Reason::WaitingForReplacement
@@ -157,6 +166,7 @@ fn blockers(
                 allowed: budgets.first().and_then(|b| allowed(b)),
                 budgets,
                 waited: now.saturating_duration_since(since),
+                unsatisfiable: t.unsatisfiable.as_ref().map(ToString::to_string),
             }
         })
         .collect()
@@ -188,6 +198,9 @@ pub struct BlockedPod {
     pub allowed: Option<i32>,
     /// Since when a budget has refused it (RFC 3339).
     pub since: String,
+    /// Why its budget cannot allow its eviction, when the drain can show it cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsatisfiable: Option<String>,
 }
 
 impl Progress {
@@ -215,6 +228,7 @@ impl Progress {
                     budgets: b.budgets.clone(),
                     allowed: b.allowed,
                     since: shifted(b.waited, true),
+                    unsatisfiable: b.unsatisfiable.clone(),
                 })
                 .collect(),
             deadline_at: e.deadline_in.map(|d| shifted(d, false)),
@@ -240,7 +254,11 @@ impl Progress {
                     .map_or_else(String::new, |t| {
                         format!(" for {} s", (now.as_second() - t.as_second()).max(0))
                     });
-                format!("{} by {budgets}{allows}{waited}", b.pod)
+                let hopeless = b
+                    .unsatisfiable
+                    .as_ref()
+                    .map_or_else(String::new, |why| format!("; cannot open: {why}"));
+                format!("{} by {budgets}{allows}{waited}{hopeless}", b.pod)
             })
             .collect()
     }
@@ -302,6 +320,13 @@ impl fmt::Display for Explanation {
                 write!(f, ", {} pods blocked in all", self.blocked())?;
             }
         }
+        if let Some((b, why)) = self
+            .blocked_pods
+            .iter()
+            .find_map(|b| Some((b, b.unsatisfiable.as_ref()?)))
+        {
+            write!(f, "; budget unsatisfiable for {}: {why}", b.pod)?;
+        }
         if self.replacing > 0 {
             write!(
                 f,
@@ -355,6 +380,7 @@ pub fn outcome_reason(outcome: DrainOutcome) -> &'static str {
         DrainOutcome::Drained => "Drained",
         DrainOutcome::Refused => "DrainedExceptRefused",
         DrainOutcome::DeadlineExceeded => "DeadlineExceeded",
+        DrainOutcome::BudgetUnsatisfiable => "BudgetUnsatisfiable",
         DrainOutcome::Cancelled => "DrainCancelled",
     }
 }

@@ -39,6 +39,9 @@ pub struct DrainMetrics {
     pub pods: Family<Label, Counter>,
     /// Seconds to the running drain's deadline (0 when none runs or it has passed).
     pub deadline_seconds: Gauge<f64, AtomicU64>,
+    /// Pods whose budget was shown unable to allow their eviction, by what the drain did
+    /// (`acted`: the deadline policy at once; `waited`: on until the deadline).
+    pub budget_unsatisfiable: Family<Label, Counter>,
 }
 
 fn label(key: &str, value: &str) -> Label {
@@ -57,6 +60,7 @@ impl DrainMetrics {
             pods_left: Family::default(),
             pods: Family::default(),
             deadline_seconds: Gauge::default(),
+            budget_unsatisfiable: Family::default(),
         };
         let sub = registry.sub_registry_with_prefix("nodeward_drain");
         sub.register("in_progress", "1 while a drain runs", m.in_progress.clone());
@@ -79,6 +83,11 @@ impl DrainMetrics {
             "pods",
             "Pods of the drains that ended, by fate (evicted, deleted_past_budget, refused, left_behind)",
             m.pods.clone(),
+        );
+        sub.register(
+            "budget_unsatisfiable",
+            "Pods whose budget cannot allow their eviction before the deadline, by what the drain did (acted, waited)",
+            m.budget_unsatisfiable.clone(),
         );
         sub.register(
             "deadline_seconds",
@@ -120,12 +129,22 @@ impl DrainMetrics {
             .set(e.deadline_in.map_or(0.0, |d| d.as_secs_f64()));
     }
 
+    /// A pod's budget was shown unable to allow its eviction; `acted`: the deadline policy was
+    /// applied to it at once.
+    pub fn unsatisfiable(&self, acted: bool) {
+        let what = if acted { "acted" } else { "waited" };
+        self.budget_unsatisfiable
+            .get_or_create(&label("action", what))
+            .inc();
+    }
+
     /// The drain ended with `outcome` after `seconds`.
     pub fn ended(&self, outcome: DrainOutcome, seconds: f64) {
         let outcome = match outcome {
             DrainOutcome::Drained => "drained",
             DrainOutcome::Refused => "refused",
             DrainOutcome::DeadlineExceeded => "deadline_exceeded",
+            DrainOutcome::BudgetUnsatisfiable => "budget_unsatisfiable",
             DrainOutcome::Cancelled => "cancelled",
         };
         self.duration_seconds
@@ -191,6 +210,7 @@ mod tests {
             refused: Vec::new(),
             left_behind: pods(&["d"]),
             force_deleted: pods(&["c", "d"]),
+            unsatisfiable: Vec::new(),
             eviction_requests: 2,
             stopped: Vec::new(),
             elapsed: Duration::from_secs(1),

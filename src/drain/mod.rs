@@ -20,6 +20,7 @@ pub mod plan;
 pub mod step;
 pub mod surge;
 mod surging;
+pub mod unsatisfiable;
 
 pub use exec::{
     CordonOutcome, DrainOptions, DrainOutcome, DrainReport, Gone, UncordonOutcome, cordon,

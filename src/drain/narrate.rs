@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{EventType, Recorder};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -100,14 +99,7 @@ impl Narrator {
         if budgets.is_empty() || !self.blocked_told.insert(pod.uid.clone()) {
             return;
         }
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(pod.namespace.clone()),
-            name: Some(pod.name.clone()),
-            uid: Some(pod.uid.clone()),
-            ..ObjectReference::default()
-        };
+        let reference = pod.object_ref();
         let allows = allowed.map_or_else(String::new, |a| format!(" ({a} disruptions allowed)"));
         let note = format!(
             "eviction from node {} blocked by PodDisruptionBudget {}{allows}; nodeward retries when the budget allows",

@@ -40,6 +40,18 @@ impl PodRef {
         }
     }
 
+    /// A reference to the pod, for an Event about it.
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(self.namespace.clone()),
+            name: Some(self.name.clone()),
+            uid: Some(self.uid.clone()),
+            ..Default::default()
+        }
+    }
+
     /// Pods of namespace `default` named (and UID'd) `names`, for tests of reports.
     #[cfg(test)]
     pub(crate) fn defaults(names: &[&str]) -> Vec<Self> {
@@ -600,6 +612,15 @@ pub fn budgets_for<'a>(
                 .is_some_and(|sel| selector_matches(sel, labels))
         })
         .collect()
+}
+
+/// `namespace/name` of a budget: how the drain names one in its state, logs and Events.
+pub fn budget_key(b: &PodDisruptionBudget) -> String {
+    format!(
+        "{}/{}",
+        b.metadata.namespace.as_deref().unwrap_or_default(),
+        b.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 /// The budgets that hold a drain of `pods` back now: each budget selecting some of them that

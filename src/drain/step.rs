@@ -15,7 +15,8 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::time::Instant;
 
 use super::plan::{self, Answer, Decision, Outcome, PlanOptions, PodRef, RefuseReason, SkipReason};
-use crate::config::OnDeadline;
+use super::unsatisfiable::Why;
+use crate::config::{OnDeadline, UnsatisfiableBudgets};
 
 /// After a 429 from a budget, the earliest retry even if the budget reopens at once: keeps a
 /// budget that flaps from turning into a hot loop.
@@ -28,6 +29,13 @@ pub const RETRY_BASE: Duration = Duration::from_millis(100);
 /// Backoff cap for server errors, so a recovered API server is noticed within seconds; also how
 /// often a drain that waits past its deadline (`on_deadline = wait`) looks again.
 pub const RETRY_CAP: Duration = Duration::from_secs(5);
+/// How long a budget must be judged hopeless without a break before the drain acts on it: the
+/// budget's status passes through states that look hopeless and are not (with an integer
+/// `minAvailable` the disruption controller expects as many pods as exist, so between an
+/// evicted pod's deletion and its replacement's creation the budget "requires every pod"), and
+/// the scheduler's verdict on a pod lags a node becoming Ready by its own retry. Found on the
+/// real control plane (issue 43).
+pub const VERDICT_SETTLE: Duration = Duration::from_secs(5);
 /// The longest wait [`later`] adds: thirty years (tokio's own stand-in for "never"), beyond any
 /// drain's deadline and far from where an `Instant` overflows.
 const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
@@ -48,6 +56,10 @@ pub enum DrainOutcome {
     Refused,
     /// The deadline passed with pods still on the node.
     DeadlineExceeded,
+    /// Pods are still on the node because their budgets cannot allow their eviction
+    /// ([`super::unsatisfiable`]), and the deadline policy was applied to them before the
+    /// deadline (or at it, with every pod left judged so).
+    BudgetUnsatisfiable,
     /// Stopped before its end ([`super::DrainOptions::stop`]): the shutdown it was for was
     /// cancelled.
     Cancelled,
@@ -59,6 +71,7 @@ impl fmt::Display for DrainOutcome {
             Self::Drained => "drained",
             Self::Refused => "drained except refused pods",
             Self::DeadlineExceeded => "deadline exceeded",
+            Self::BudgetUnsatisfiable => "left pods whose budgets cannot allow their eviction",
             Self::Cancelled => "cancelled",
         })
     }
@@ -166,6 +179,11 @@ pub struct Tracked {
     pub surge: Option<String>,
     /// The budgets its eviction in flight goes through (see [`Budgets::of`]).
     pub evicting_under: Vec<String>,
+    /// Why its budget cannot allow its eviction, once judged so for [`VERDICT_SETTLE`] while a
+    /// budget blocked it ([`Budgets::unsatisfiable`]).
+    pub unsatisfiable: Option<Why>,
+    /// Since when every judgement of its budget has found it hopeless.
+    pub hopeless_since: Option<Instant>,
 }
 
 /// What the schedule asks of the drain's view of the budgets.
@@ -177,6 +195,11 @@ pub trait Budgets {
     /// that race is retried inside the API server about 500 ms later), so the schedule keeps one
     /// eviction in flight per budget.
     fn of(&self, t: &Tracked) -> Vec<String>;
+    /// Why the budget blocking the pod can never allow its eviction, if the drain can show it
+    /// ([`super::unsatisfiable::judge`]); asked only of pods a budget blocks.
+    fn unsatisfiable(&self, _t: &Tracked) -> Option<Why> {
+        None
+    }
 }
 
 /// A bare "is its budget open" answer: no budget is known to select any pod.
@@ -226,6 +249,11 @@ impl Tracked {
     fn own_deadline(&self) -> Option<Instant> {
         Some(later(self.first_blocked?, self.budget_wait?))
     }
+
+    /// A budget blocks it and cannot allow its eviction.
+    fn hopeless(&self) -> bool {
+        matches!(self.state, PodState::Blocked { .. }) && self.unsatisfiable.is_some()
+    }
 }
 
 /// Something to do now.
@@ -263,6 +291,16 @@ pub enum Command {
     /// The replacement was not Ready in time: the pod is evicted without it, and the
     /// Deployment's replica count goes back.
     SurgeGaveUp(PodRef),
+    /// The pod's budget cannot allow its eviction (said once per verdict); `acting`: the
+    /// deadline policy is applied to it now.
+    Unsatisfiable {
+        /// The pod.
+        pod: PodRef,
+        /// Why.
+        why: Why,
+        /// Whether the deadline policy is applied now rather than at the deadline.
+        acting: bool,
+    },
 }
 
 /// What to do at `now`.
@@ -308,6 +346,8 @@ pub struct Limits {
     pub timeout: Duration,
     /// What happens when the deadline nears.
     pub on_deadline: OnDeadline,
+    /// Whether a pod whose budget cannot allow its eviction gets that now.
+    pub unsatisfiable: UnsatisfiableBudgets,
 }
 
 /// The whole scheduling state of one drain.
@@ -402,6 +442,8 @@ impl Schedule {
                 first_blocked: None,
                 surge,
                 evicting_under: Vec::new(),
+                unsatisfiable: None,
+                hopeless_since: None,
             },
         );
     }
@@ -480,13 +522,14 @@ impl Schedule {
         let wait = self.limits.on_deadline == OnDeadline::Wait;
         if now >= self.deadline {
             if !wait {
-                return Step::Done(DrainOutcome::DeadlineExceeded);
+                return Step::Done(self.left_outcome(DrainOutcome::DeadlineExceeded));
             }
             if !self.said_past_deadline {
                 self.said_past_deadline = true;
                 commands.push(Command::WaitingPastDeadline);
             }
         }
+        self.judge_budgets(now, budgets, &mut commands);
         self.own_deadlines(now, &mut commands);
         self.surges_due(now, &mut commands);
         self.fallback(now, &mut commands);
@@ -504,11 +547,55 @@ impl Schedule {
             .values()
             .any(|t| matches!(t.state, PodState::Refused(_)));
         if self.pods.values().any(|t| t.state == PodState::GaveUp) {
-            DrainOutcome::DeadlineExceeded
+            self.left_outcome(DrainOutcome::DeadlineExceeded)
         } else if refused {
             DrainOutcome::Refused
         } else {
             DrainOutcome::Drained
+        }
+    }
+
+    /// `otherwise`, unless every pod the drain leaves (given up, or still waited for) was left
+    /// because its budget cannot allow its eviction: then [`DrainOutcome::BudgetUnsatisfiable`].
+    fn left_outcome(&self, otherwise: DrainOutcome) -> DrainOutcome {
+        let mut left = self
+            .pods
+            .values()
+            .filter(|t| t.state == PodState::GaveUp || !t.settled())
+            .peekable();
+        if left.peek().is_some() && left.all(|t| t.unsatisfiable.is_some()) {
+            DrainOutcome::BudgetUnsatisfiable
+        } else {
+            otherwise
+        }
+    }
+
+    /// Asks of every pod a budget blocks whether that budget can ever allow its eviction; a pod
+    /// found hopeless at every step for [`VERDICT_SETTLE`] gets the verdict, said once.
+    fn judge_budgets(&mut self, now: Instant, budgets: &dyn Budgets, commands: &mut Vec<Command>) {
+        let acting = self.limits.unsatisfiable == UnsatisfiableBudgets::Act
+            && self.limits.on_deadline != OnDeadline::Wait;
+        for t in self.pods.values_mut() {
+            if !matches!(t.state, PodState::Blocked { .. }) {
+                continue;
+            }
+            let Some(why) = budgets.unsatisfiable(t) else {
+                t.hopeless_since = None;
+                t.unsatisfiable = None;
+                continue;
+            };
+            let since = *t.hopeless_since.get_or_insert(now);
+            if now < later(since, VERDICT_SETTLE) {
+                continue;
+            }
+            if t.unsatisfiable.is_none() {
+                commands.push(Command::Unsatisfiable {
+                    pod: t.pod.clone(),
+                    why: why.clone(),
+                    acting,
+                });
+            }
+            t.unsatisfiable = Some(why);
         }
     }
 
@@ -603,6 +690,11 @@ impl Schedule {
             if let PodState::Surging { until, .. } = t.state {
                 wake = wake.min(until);
             }
+            if let Some(since) = t.hopeless_since
+                && t.unsatisfiable.is_none()
+            {
+                wake = wake.min(later(since, VERDICT_SETTLE));
+            }
         }
         if let Some(own) = self
             .pods
@@ -657,13 +749,15 @@ impl Schedule {
         }
     }
 
-    /// Pods whose budget has blocked them past their own drain timeout get the deadline policy
-    /// now, not at the node's deadline: deleted under `delete` (with the time left to the node's
+    /// Pods whose budget has blocked them past their own drain timeout, or whose budget cannot
+    /// allow their eviction (unless `unsatisfiable_budgets = wait`), get the deadline policy now,
+    /// not at the node's deadline: deleted under `delete` (with the time left to the node's
     /// deadline as grace), given up under `abandon`; `wait` waits on.
     fn own_deadlines(&mut self, now: Instant, commands: &mut Vec<Command>) {
         let grace = plan::fallback_grace(self.deadline.saturating_duration_since(now));
+        let act = self.limits.unsatisfiable == UnsatisfiableBudgets::Act;
         for t in self.pods.values_mut() {
-            let due = t.own_deadline().is_some_and(|d| now >= d);
+            let due = t.own_deadline().is_some_and(|d| now >= d) || (act && t.hopeless());
             if !due || t.settled() || t.state == PodState::Leaving || t.outstanding > 0 {
                 continue;
             }
@@ -779,6 +873,12 @@ impl Schedule {
         };
         for t in self.pods.into_values() {
             let deleted = tally.force_deleted.iter().any(|p| p.uid == t.pod.uid);
+            let left = !matches!(t.state, PodState::Gone | PodState::Refused(_));
+            if let Some(why) = t.unsatisfiable.clone()
+                && (deleted || left)
+            {
+                tally.unsatisfiable.push((t.pod.clone(), why));
+            }
             match t.state {
                 // Counted once, apart: it went past its budget, not through it.
                 PodState::Gone if deleted => {}
@@ -804,6 +904,9 @@ pub struct Tally {
     pub left_behind: Vec<PodRef>,
     /// Deleted past their budget by the fallback.
     pub force_deleted: Vec<PodRef>,
+    /// Of the pods left behind or deleted past their budgets, those whose budget could not
+    /// allow their eviction, and why.
+    pub unsatisfiable: Vec<(PodRef, Why)>,
     /// Eviction requests sent.
     pub eviction_requests: usize,
 }

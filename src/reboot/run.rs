@@ -682,6 +682,13 @@ fn unfinished(report: &DrainReport) -> String {
             report.left_behind.len(),
             names(&report.left_behind)
         ),
+        DrainOutcome::BudgetUnsatisfiable => match report.unsatisfiable.first() {
+            Some((pod, why)) => format!(
+                "{} pods stay: their budgets cannot allow their eviction ({pod}: {why})",
+                report.unsatisfiable.len()
+            ),
+            None => format!("the drain ended {}", report.outcome),
+        },
         DrainOutcome::Refused => {
             let refused: Vec<_> = report.refused.iter().map(|(p, _)| p.clone()).collect();
             format!(

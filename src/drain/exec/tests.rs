@@ -19,6 +19,7 @@ fn report(outcome: DrainOutcome, evicted: &[&str], deleted: &[&str], left: &[&st
         refused: Vec::new(),
         left_behind: pods(left),
         force_deleted: pods(deleted),
+        unsatisfiable: Vec::new(),
         eviction_requests: evicted.len(),
         stopped: Vec::new(),
         elapsed: Duration::from_secs(1),

@@ -21,6 +21,8 @@ fn tracked(name: &str, state: PodState) -> Tracked {
         first_blocked: None,
         surge: None,
         evicting_under: Vec::new(),
+        unsatisfiable: None,
+        hopeless_since: None,
     }
 }
 
@@ -225,5 +227,38 @@ fn a_surge_in_progress_is_named() {
     assert_eq!(
         e.to_string(),
         "2 pods left; 1 pod waiting for a replacement to be Ready elsewhere (surge); deadline in 58 s"
+    );
+}
+
+/// Issue 43: a drain that waits on a budget it has shown cannot open says so on the Node, not
+/// just "waiting for budget".
+#[test]
+fn a_budget_that_cannot_open_is_named_as_such() {
+    let t0 = Instant::now();
+    let mut hopeless = blocked("web-a", t0 + Duration::from_secs(3));
+    hopeless.unsatisfiable = Some(crate::drain::unsatisfiable::Why::NeverAllows {
+        budget: "default/web".into(),
+        desired_healthy: 2,
+        expected: 2,
+    });
+    let pods = [blocked("web-b", t0 + Duration::from_secs(1)), hopeless];
+    let now = t0 + Duration::from_secs(5);
+    let e = explain(&pods, now, t0 + Duration::from_secs(60), &none, &|_| {
+        Some(0)
+    });
+    assert_eq!(e.reason, Reason::BudgetUnsatisfiable);
+    assert_eq!(
+        e.to_string(),
+        "2 pods left; default/web-b blocked by PDB default/web (0 disruptions allowed) for 4 s, \
+         2 pods blocked in all; budget unsatisfiable for default/web-a: budget default/web \
+         requires 2 healthy pods of the 2 it expects: it allows no disruption unless its workload \
+         scales up; deadline in 55 s"
+    );
+    let progress = Progress::of(&e, jiff::Timestamp::UNIX_EPOCH);
+    assert_eq!(progress.reason, "BudgetUnsatisfiable");
+    let lines = progress.blocked_lines(jiff::Timestamp::UNIX_EPOCH);
+    assert!(
+        lines[1].contains("cannot open: budget default/web requires"),
+        "{lines:?}"
     );
 }

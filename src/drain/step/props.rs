@@ -216,6 +216,7 @@ fn schedule(case: &Case, t0: Instant) -> Schedule {
             } else {
                 OnDeadline::Abandon
             },
+            unsatisfiable: UnsatisfiableBudgets::Act,
         },
         PlanOptions {
             force: false,
@@ -313,6 +314,9 @@ impl Model {
                     self.tried.insert(p.uid.clone());
                     let answer = self.evict(&p.uid, now);
                     self.at(now + self.latency, Event::Evicted(p.uid.clone(), answer));
+                }
+                Command::Unsatisfiable { pod, .. } => {
+                    prop_assert!(false, "{pod} judged unsatisfiable with no evidence asked");
                 }
                 Command::Delete { pod, grace_seconds } => {
                     prop_assert!(case.delete_fallback, "a delete without the delete fallback");

@@ -36,12 +36,19 @@ fn schedule_within(
     timeout: Duration,
     t0: Instant,
 ) -> Schedule {
+    let limits = Limits {
+        concurrency,
+        timeout,
+        on_deadline,
+        unsatisfiable: UnsatisfiableBudgets::Act,
+    };
+    schedule_limited(limits, t0)
+}
+
+/// A schedule of two waves (critical pods last, 30% of the deadline) under `limits`.
+fn schedule_limited(limits: Limits, t0: Instant) -> Schedule {
     Schedule::new(
-        Limits {
-            concurrency,
-            timeout,
-            on_deadline,
-        },
+        limits,
         PlanOptions {
             force: false,
             delete_emptydir_data: false,
@@ -808,6 +815,7 @@ fn surge_for_the_node_and_never_for_a_statefulset() {
             concurrency: 10,
             timeout: Duration::from_secs(10),
             on_deadline: OnDeadline::Abandon,
+            unsatisfiable: UnsatisfiableBudgets::Act,
         },
         PlanOptions {
             force: false,
@@ -890,4 +898,209 @@ fn later_adds_and_saturates_instead_of_panicking() {
     assert_eq!(later(t0, second), t0 + second);
     assert_eq!(later(t0, Duration::MAX), t0 + FAR_FUTURE);
     assert!(later(t0, Duration::MAX) > later(t0, plan::MAX_BUDGET_WAIT));
+}
+
+/// Budgets that never open, and that the drain can show will not for the pods named here.
+struct Hopeless(&'static [&'static str]);
+
+impl Budgets for Hopeless {
+    fn open(&self, _: &Tracked) -> bool {
+        false
+    }
+    fn of(&self, t: &Tracked) -> Vec<String> {
+        // One budget per pod: evictions are not queued behind each other.
+        vec![format!("ns/{}", t.pod.name)]
+    }
+    fn unsatisfiable(&self, t: &Tracked) -> Option<Why> {
+        self.0
+            .contains(&t.pod.name.as_str())
+            .then(|| Why::NeverAllows {
+                budget: "ns/web".into(),
+                desired_healthy: 2,
+                expected: 2,
+            })
+    }
+}
+
+/// The `Unsatisfiable` commands of a step: (pod, acting).
+fn verdicts(step: &Step) -> Vec<(String, bool)> {
+    match step {
+        Step::Run { commands, .. } => commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Unsatisfiable { pod, acting, .. } => Some((pod.name.clone(), *acting)),
+                _ => None,
+            })
+            .collect(),
+        Step::Done(_) => Vec::new(),
+    }
+}
+
+/// Issue 43: a budget that can never open was waited for until the deadline (90 s at a
+/// shutdown), indistinguishable from a slow one. Now the pod gets the deadline policy the moment
+/// its refusal is judged hopeless, the verdict is said once, and the drain ends saying why.
+#[test]
+fn a_budget_that_cannot_open_gets_the_deadline_policy_at_once_and_says_why() {
+    let cases = [
+        (OnDeadline::Abandon, UnsatisfiableBudgets::Act, "gave up"),
+        (OnDeadline::Delete, UnsatisfiableBudgets::Act, "deleted"),
+        (OnDeadline::Wait, UnsatisfiableBudgets::Act, "waits"),
+        (OnDeadline::Abandon, UnsatisfiableBudgets::Wait, "waits"),
+    ];
+    for (on_deadline, unsatisfiable, want) in cases {
+        let case = format!("{on_deadline:?} {unsatisfiable:?}");
+        let t0 = Instant::now();
+        let limits = Limits {
+            concurrency: 10,
+            timeout: Duration::from_secs(10),
+            on_deadline,
+            unsatisfiable,
+        };
+        let mut s = schedule_limited(limits, t0);
+        s.track(&pod("stuck", 0), &no_daemonsets);
+        s.track(&pod("slow", 0), &no_daemonsets);
+        let hopeless = Hopeless(&["stuck"]);
+        let first = s.step(t0, &hopeless);
+        assert_eq!(evicted(&first), ["slow", "stuck"], "{case}");
+        assert!(
+            verdicts(&first).is_empty(),
+            "{case}: judged before any refusal"
+        );
+        blocked_at(&mut s, "stuck", t0 + Duration::from_secs(1));
+        blocked_at(&mut s, "slow", t0 + Duration::from_secs(1));
+        let first_look = s.step(t0 + Duration::from_secs(1), &hopeless);
+        assert!(
+            verdicts(&first_look).is_empty(),
+            "{case}: not before it settles"
+        );
+        let settled = Duration::from_secs(1) + VERDICT_SETTLE;
+        assert!(
+            wake(&first_look, t0) <= settled,
+            "{case}: wakes to settle it"
+        );
+        let judged = s.step(t0 + settled, &hopeless);
+        let acting = want != "waits";
+        assert_eq!(verdicts(&judged), [("stuck".to_string(), acting)], "{case}");
+        let again = s.step(t0 + settled + 100 * MS, &hopeless);
+        assert!(verdicts(&again).is_empty(), "{case}: said once");
+        let stuck = s.get("stuck").map(|t| t.state.clone());
+        match want {
+            "gave up" => assert_eq!(stuck, Some(PodState::GaveUp), "{case}"),
+            "deleted" => assert_eq!(stuck, Some(PodState::InFlight), "{case}"),
+            // Still the drain's: blocked, or retried after its budget's retry ceiling.
+            _ => assert!(
+                matches!(stuck, Some(PodState::Blocked { .. } | PodState::InFlight)),
+                "{case}: {stuck:?}"
+            ),
+        }
+        if let Step::Run { commands, .. } = &judged
+            && want == "deleted"
+        {
+            assert!(
+                commands.iter().any(|c| matches!(c, Command::Delete { pod, grace_seconds: 4 } if pod.name == "stuck")),
+                "{case}: deleted with the time left as grace: {commands:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_drain_left_only_with_hopeless_pods_ends_budget_unsatisfiable() {
+    // Given up at once: the drain ends as soon as the rest is gone, saying why.
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&pod("stuck", 0), &no_daemonsets);
+    s.track(&pod("free", 0), &no_daemonsets);
+    let hopeless = Hopeless(&["stuck"]);
+    s.step(t0, &hopeless);
+    blocked_at(&mut s, "stuck", t0 + MS);
+    s.evict_answered("free", &answer(201, Cause::None), vec![], t0 + MS);
+    s.step(t0 + 2 * MS, &hopeless);
+    s.step(t0 + 2 * MS + VERDICT_SETTLE, &hopeless);
+    gone(&mut s, &["free"]);
+    assert_eq!(
+        s.step(t0 + 3 * MS + VERDICT_SETTLE, &hopeless),
+        Step::Done(DrainOutcome::BudgetUnsatisfiable)
+    );
+    let tally = s.finish();
+    assert_eq!(tally.left_behind.len(), 1);
+    assert_eq!(tally.unsatisfiable.len(), 1);
+    assert_eq!(tally.unsatisfiable[0].0.name, "stuck");
+
+    // Waited for (unsatisfiable_budgets = wait) beside a pod that is only slow: at the deadline
+    // the drain cannot say every pod left was hopeless, so it is the deadline that ended it.
+    let limits = |unsatisfiable| Limits {
+        concurrency: 10,
+        timeout: Duration::from_secs(10),
+        on_deadline: OnDeadline::Abandon,
+        unsatisfiable,
+    };
+    for (others, want) in [
+        (true, DrainOutcome::DeadlineExceeded),
+        (false, DrainOutcome::BudgetUnsatisfiable),
+    ] {
+        let mut s = schedule_limited(limits(UnsatisfiableBudgets::Wait), t0);
+        s.track(&pod("stuck", 0), &no_daemonsets);
+        if others {
+            s.track(&pod("slow", 0), &no_daemonsets);
+        }
+        s.step(t0, &hopeless);
+        blocked_at(&mut s, "stuck", t0 + MS);
+        if others {
+            blocked_at(&mut s, "slow", t0 + MS);
+        }
+        s.step(t0 + 2 * MS, &hopeless);
+        s.step(t0 + 2 * MS + VERDICT_SETTLE, &hopeless);
+        assert_eq!(
+            s.step(t0 + Duration::from_secs(10), &hopeless),
+            Step::Done(want),
+            "others left: {others}"
+        );
+    }
+}
+
+/// Budgets whose verdict on every pod is whatever `hopeless` says at the moment.
+struct Flickering {
+    hopeless: std::cell::Cell<bool>,
+}
+
+impl Budgets for Flickering {
+    fn open(&self, _: &Tracked) -> bool {
+        false
+    }
+    fn of(&self, _: &Tracked) -> Vec<String> {
+        vec!["ns/web".into()]
+    }
+    fn unsatisfiable(&self, t: &Tracked) -> Option<Why> {
+        Hopeless(&["stuck"])
+            .unsatisfiable(t)
+            .filter(|_| self.hopeless.get())
+    }
+}
+
+/// Found on the real control plane: an integer `minAvailable` "requires every pod" for the
+/// moment between an evicted pod's deletion and its replacement's creation. A verdict must hold
+/// at every look for [`VERDICT_SETTLE`]; one look that finds the budget may open starts over.
+#[test]
+fn a_verdict_that_does_not_hold_throughout_its_settling_is_not_given() {
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&pod("stuck", 0), &no_daemonsets);
+    let budgets = Flickering {
+        hopeless: std::cell::Cell::new(true),
+    };
+    s.step(t0, &budgets);
+    blocked_at(&mut s, "stuck", t0 + MS);
+    s.step(t0 + Duration::from_secs(1), &budgets);
+    budgets.hopeless.set(false);
+    s.step(t0 + Duration::from_secs(3), &budgets);
+    budgets.hopeless.set(true);
+    s.step(t0 + Duration::from_secs(4), &budgets);
+    let at_six = s.step(t0 + Duration::from_secs(6), &budgets);
+    assert!(verdicts(&at_six).is_empty(), "{at_six:?}");
+    assert_eq!(evicted(&at_six), ["stuck"], "retried, not given up");
+    blocked_at(&mut s, "stuck", t0 + Duration::from_secs(6) + MS);
+    let at_nine = s.step(t0 + Duration::from_secs(4) + VERDICT_SETTLE, &budgets);
+    assert_eq!(verdicts(&at_nine), [("stuck".to_string(), true)]);
+    assert_eq!(s.get("stuck").map(|t| &t.state), Some(&PodState::GaveUp));
 }

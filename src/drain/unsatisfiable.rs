@@ -1,0 +1,187 @@
+//! Whether a budget that refused an eviction can ever allow it before the drain's deadline,
+//! decided purely from the budget, the pods it waits for and the nodes.
+//!
+//! A budget allows `currentHealthy - desiredHealthy` disruptions. Of the `expectedPods` it
+//! counts, the pods that cannot become healthy — a replacement the scheduler found no node for,
+//! or one that no node could take at all because every other node is cordoned or not Ready — cap
+//! what it can ever allow at `expectedPods - stuck - desiredHealthy`. When that is zero or less,
+//! waiting is waiting for nothing: the drain applies its deadline policy to the pod now, not at
+//! the deadline ([`crate::config::UnsatisfiableBudgets`]).
+//!
+//! Every doubt reads as "it may open": a status older than the budget's spec, a pod the
+//! scheduler has not judged while some node could still take it, a preemption under way. The
+//! nodes are asked only whether they take pods at all (not cordoned, Ready), never whether they
+//! fit this pod: a fit the drain got wrong would call a budget hopeless that is not, and missing
+//! one only means waiting, as the drain did before it could tell.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+
+/// Why a budget cannot allow the disruption the drain waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Why {
+    /// Its arithmetic: it requires as many healthy pods as it expects (`minAvailable` equal to
+    /// the replicas, `maxUnavailable: 0`), so it allows a disruption only if someone scales up.
+    NeverAllows {
+        /// The budget, `namespace/name`.
+        budget: String,
+        /// Healthy pods it requires.
+        desired_healthy: i32,
+        /// Pods it counts.
+        expected: i32,
+    },
+    /// Pods it counts cannot become healthy: no node will take them.
+    Unschedulable {
+        /// The budget, `namespace/name`.
+        budget: String,
+        /// The stuck pods (`namespace/name`) and why each is stuck.
+        stuck: Vec<(String, Stuck)>,
+        /// Missing pods it tolerates at most (`expectedPods - desiredHealthy`).
+        tolerates: i32,
+    },
+    /// The cluster is being shut down as a whole (`nodeward cluster shutdown`): no node will
+    /// take the pod back, so no budget is waited for.
+    ClusterShutdown,
+}
+
+/// Why one pod the budget counts cannot become healthy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stuck {
+    /// The scheduler marked it `Unschedulable`, with this message.
+    Unschedulable(String),
+    /// No node but the draining one takes pods: every other is cordoned or not Ready.
+    NoNode,
+}
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NeverAllows {
+                budget,
+                desired_healthy,
+                expected,
+            } => write!(
+                f,
+                "budget {budget} requires {desired_healthy} healthy pods of the {expected} it expects: it allows no disruption unless its workload scales up"
+            ),
+            Self::Unschedulable {
+                budget,
+                stuck,
+                tolerates,
+            } => {
+                let (pod, why) = &stuck[0];
+                write!(
+                    f,
+                    "budget {budget} tolerates {tolerates} missing pods and {} cannot be scheduled ({pod}: {why})",
+                    stuck.len()
+                )
+            }
+            Self::ClusterShutdown => {
+                f.write_str("the cluster is shutting down: no node takes the pod back")
+            }
+        }
+    }
+}
+
+impl fmt::Display for Stuck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unschedulable(message) => write!(f, "the scheduler says {message:?}"),
+            Self::NoNode => f.write_str("no node but the draining one is schedulable and Ready"),
+        }
+    }
+}
+
+/// Whether `budget`, which refused an eviction, can never allow it. `pending` are Pending pods
+/// of the budget's namespace (any: the ones it selects are picked here); `nodes` every Node the
+/// drain knows, `None` while it knows none; `draining` the node being drained.
+pub fn judge<'a>(
+    budget: &PodDisruptionBudget,
+    pending: impl IntoIterator<Item = &'a Pod>,
+    nodes: Option<&[std::sync::Arc<Node>]>,
+    draining: &str,
+) -> Option<Why> {
+    let status = budget.status.as_ref()?;
+    let fresh = status.observed_generation.unwrap_or(0) >= budget.metadata.generation.unwrap_or(0);
+    if !fresh || status.disruptions_allowed > 0 || status.expected_pods <= 0 {
+        return None;
+    }
+    let name = super::plan::budget_key(budget);
+    let tolerates = status.expected_pods - status.desired_healthy;
+    if tolerates <= 0 {
+        return Some(Why::NeverAllows {
+            budget: name,
+            desired_healthy: status.desired_healthy,
+            expected: status.expected_pods,
+        });
+    }
+    let no_node = nodes.is_some_and(|nodes| {
+        !nodes
+            .iter()
+            .any(|n| n.metadata.name.as_deref() != Some(draining) && takes_pods(n))
+    });
+    let selector = budget.spec.as_ref()?.selector.as_ref()?;
+    let stuck: Vec<(String, Stuck)> = pending
+        .into_iter()
+        .filter(|p| p.metadata.namespace == budget.metadata.namespace)
+        .filter(|p| {
+            let labels = p.metadata.labels.clone().unwrap_or_default();
+            super::plan::selector_matches(selector, &labels)
+        })
+        .filter_map(|p| Some((super::plan::PodRef::of(p).to_string(), stuck(p, no_node)?)))
+        .collect();
+    (i32::try_from(stuck.len()).unwrap_or(i32::MAX) >= tolerates).then_some(Why::Unschedulable {
+        budget: name,
+        stuck,
+        tolerates,
+    })
+}
+
+/// Why a pending pod cannot become healthy, if it cannot: not bound, not being deleted, no
+/// preemption under way for it, and either marked `Unschedulable` by the scheduler or with no
+/// node left to take it.
+fn stuck(pod: &Pod, no_node: bool) -> Option<Stuck> {
+    let status = pod.status.as_ref()?;
+    let unbound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_none());
+    let pending = status.phase.as_deref() == Some("Pending");
+    if !unbound
+        || !pending
+        || pod.metadata.deletion_timestamp.is_some()
+        || status.nominated_node_name.is_some()
+    {
+        return None;
+    }
+    let verdict = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .filter(|c| c.reason.as_deref() == Some("Unschedulable"));
+    match verdict {
+        Some(c) => Some(Stuck::Unschedulable(c.message.clone().unwrap_or_default())),
+        None if no_node => Some(Stuck::NoNode),
+        None => None,
+    }
+}
+
+/// Whether a node takes new pods at all: not cordoned, and Ready.
+fn takes_pods(node: &Node) -> bool {
+    let cordoned = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    !cordoned && ready
+}
+
+#[cfg(test)]
+mod tests;
