@@ -22,13 +22,22 @@ use serde_json::json;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn drain(kubeconfig: &std::path::Path, node: &str, timeout: &str) -> Output {
+/// `nodeward drain NODE --timeout T` with `kubeconfig`, started; its output piped.
+fn spawn_drain(kubeconfig: &std::path::Path, node: &str, timeout: &str) -> std::process::Child {
     std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
         .args(["drain", node, "--timeout", timeout, "--kubeconfig"])
         .arg(kubeconfig)
         .env("RUST_LOG", "warn")
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("run nodeward drain")
+}
+
+fn drain(kubeconfig: &std::path::Path, node: &str, timeout: &str) -> Output {
+    spawn_drain(kubeconfig, node, timeout)
+        .wait_with_output()
+        .expect("nodeward drain ends")
 }
 
 async fn pods_of(client: &kube::Client, ns: &str, app: &str) -> Vec<Pod> {
@@ -697,14 +706,14 @@ async fn a_dedicated_identity_writes_only_its_own_node(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
-/// Makes the setup's budget allow no disruption (minAvailable 2), and waits until the
-/// disruption controller says so.
-async fn close_budget(admin: &kube::Client, ns: &str) {
+/// Makes the setup's budget require `min_available` (every pod, as a count or `100%`), and
+/// waits until the disruption controller says it allows no disruption.
+async fn close_budget(admin: &kube::Client, ns: &str, min_available: serde_json::Value) {
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), ns);
     pdbs.patch(
         "web",
         &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"maxUnavailable": null, "minAvailable": 2}})),
+        &Patch::Merge(json!({"spec": {"maxUnavailable": null, "minAvailable": min_available}})),
     )
     .await
     .expect("the budget allows no disruption");
@@ -724,23 +733,76 @@ async fn close_budget(admin: &kube::Client, ns: &str) {
     }
 }
 
+/// Closes the setup's budget the slow way, one it may still open: a second Deployment adds a
+/// third `web` replica held Pending by a scheduling gate (schedulable once the gate is lifted,
+/// [`lift_gate`]), and the budget requires 2 healthy of the 3 it expects. It allows no
+/// disruption, but it is not hopeless ([`nodeward::drain::unsatisfiable`]): the drain waits.
+async fn close_budget_slowly(admin: &kube::Client, ns: &str) {
+    common::create::<Deployment>(
+        admin,
+        json!({
+            "metadata": {"name": "web-held", "namespace": ns},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web", "held": "yes"}},
+                "template": {"metadata": {"labels": {"app": "web", "held": "yes"}}, "spec": {
+                    "schedulingGates": [{"name": "nodeward-test/held"}],
+                    "nodeSelector": {"nodeward-test/pool": ns},
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
+        }),
+    )
+    .await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), ns);
+    pdbs.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maxUnavailable": null, "minAvailable": 2}})),
+    )
+    .await
+    .expect("the budget requires 2 healthy");
+    let deadline = std::time::Instant::now() + LIMIT;
+    while pdbs.get("web").await.expect("pdb").status.is_none_or(|s| {
+        s.disruptions_allowed != 0 || s.expected_pods != 3 || s.observed_generation != Some(2)
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the budget never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Lifts the gate of [`close_budget_slowly`]'s held replica: it schedules, and the budget opens.
+async fn lift_gate(admin: &kube::Client, ns: &str) {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    for p in pods_of(admin, ns, "web").await {
+        if p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("held"))
+            .is_some()
+        {
+            let name = p.metadata.name.expect("name");
+            pods.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"schedulingGates": null}})),
+            )
+            .await
+            .expect("lift the gate");
+        }
+    }
+}
+
 /// A drain that a budget blocks says why, where kubectl users look: the Node's
 /// nodeward.io/Draining condition names the pod, its budget and the deadline while it waits, and
 /// the outcome after; each blocked pod gets one Event naming its budget, however often the drain
 /// retries it.
 async fn a_blocked_drain_explains_itself(cluster: Cluster) {
     let (admin, ns, target, spare) = setup(&cluster, 2).await;
-    close_budget(&admin, &ns).await;
+    close_budget_slowly(&admin, &ns).await;
     let kc = cluster.node_kubeconfig(&target);
     let t0 = std::time::Instant::now();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
-        .args(["drain", &target, "--timeout", "8s", "--kubeconfig"])
-        .arg(&kc)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run nodeward drain");
+    let child = spawn_drain(&kc, &target, "8s");
     let budget = format!("{ns}/web");
     let waiting = wait_node_condition(
         &admin,
@@ -824,7 +886,7 @@ async fn a_blocked_drain_explains_itself(cluster: Cluster) {
 /// first refusal and ends (exit 3, listing them), instead of waiting out the node's deadline.
 async fn a_pods_own_drain_timeout_caps_its_wait(cluster: Cluster) {
     let (admin, ns, target, spare) = setup(&cluster, 2).await;
-    close_budget(&admin, &ns).await;
+    close_budget_slowly(&admin, &ns).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
     for p in pods_of(&admin, &ns, "web").await {
         let name = p.metadata.name.expect("name");
@@ -849,6 +911,135 @@ async fn a_pods_own_drain_timeout_caps_its_wait(cluster: Cluster) {
         stdout.contains("2 left behind"),
         "{}",
         common::output_text(&out)
+    );
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
+/// Runs `nodeward drain` of `node` as the node, with `timeout`; returns its output and how long
+/// it took.
+fn timed_drain(cluster: &Cluster, node: &str, timeout: &str) -> (Output, Duration) {
+    let t0 = std::time::Instant::now();
+    let out = drain(&cluster.node_kubeconfig(node), node, timeout);
+    (out, t0.elapsed())
+}
+
+/// The notes of the Events in `ns` with `reason`.
+async fn events_in(admin: &kube::Client, ns: &str, reason: &str) -> Vec<String> {
+    use k8s_openapi::api::events::v1::Event;
+    Api::<Event>::namespaced(admin.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+/// Issue 43: a budget that can never open — `minAvailable: 100%`, every other node of the
+/// Deployment cordoned — was waited for until the deadline. The drain now says so within
+/// seconds, gives the pods up (`on_deadline = abandon`), and exits 6 naming the budget; the Node
+/// condition and an Event say why.
+async fn a_budget_that_can_never_open_is_seen_at_once(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    nodeward::drain::cordon(&admin, &spare, "no room", false)
+        .await
+        .expect("cordon spare");
+    close_budget(&admin, &ns, json!("100%")).await;
+    let (out, took) = timed_drain(&cluster, &target, "60s");
+    eprintln!("budget minAvailable 100%: verdict and drain end in {took:?}, deadline 60 s");
+    assert_eq!(out.status.code(), Some(6), "{}", common::output_text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("2 left behind")
+            && stdout.contains(&format!("budget {ns}/web requires 2 healthy pods of the 2")),
+        "{}",
+        common::output_text(&out)
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    let done = wait_node_condition(
+        &admin,
+        &target,
+        "nodeward.io/Draining",
+        "the outcome",
+        |c| c.status == "False",
+    )
+    .await;
+    assert_eq!(
+        done.reason.as_deref(),
+        Some("BudgetUnsatisfiable"),
+        "{done:?}"
+    );
+    let said = events_in(&admin, &ns, "BudgetUnsatisfiable").await;
+    assert_eq!(said.len(), 2, "one on each pod: {said:?}");
+    assert!(
+        said.iter()
+            .all(|n| n.contains("drain.on_deadline = abandon applies to it now")),
+        "{said:?}"
+    );
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
+/// Issue 43: replacements the scheduler cannot place. Three replicas on the target, the budget
+/// tolerating one missing, the spare cordoned: the first eviction goes through, its replacement
+/// is Unschedulable, and the budget can never allow the next. The drain says so as soon as the
+/// scheduler has said it, instead of at the deadline.
+async fn replacements_that_cannot_schedule_are_seen_at_once(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 3).await;
+    nodeward::drain::cordon(&admin, &spare, "no room", false)
+        .await
+        .expect("cordon spare");
+    let (out, took) = timed_drain(&cluster, &target, "60s");
+    eprintln!("replacement Unschedulable: verdict and drain end in {took:?}, deadline 60 s");
+    assert_eq!(out.status.code(), Some(6), "{}", common::output_text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("1 evicted")
+            && stdout.contains("2 left behind")
+            && stdout.contains(&format!(
+                "budget {ns}/web tolerates 1 missing pods and 1 cannot be scheduled"
+            )),
+        "{}",
+        common::output_text(&out)
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
+/// Issue 43: a budget that is only slow — its missing replica Pending but schedulable once its
+/// gate lifts — is still waited for, and the drain finishes when it opens.
+async fn a_slow_budget_is_still_waited_for(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    close_budget_slowly(&admin, &ns).await;
+    let kc = cluster.node_kubeconfig(&target);
+    let t0 = std::time::Instant::now();
+    let child = spawn_drain(&kc, &target, "60s");
+    wait_node_condition(
+        &admin,
+        &target,
+        "nodeward.io/Draining",
+        "the drain waiting",
+        |c| c.status == "True" && c.reason.as_deref() == Some("WaitingForBudget"),
+    )
+    .await;
+    // Long enough for a verdict: the drain judges at every step, and a step follows every
+    // refusal and every budget event.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    lift_gate(&admin, &ns).await;
+    let out = child.wait_with_output().expect("the drain ends");
+    let took = t0.elapsed();
+    eprintln!("slow budget: drained in {took:?} (gate lifted after about 6 s), deadline 60 s");
+    assert_eq!(out.status.code(), Some(0), "{}", common::output_text(&out));
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("BudgetUnsatisfiable"),
+        "{}",
+        common::output_text(&out)
+    );
+    assert!(
+        events_in(&admin, &ns, "BudgetUnsatisfiable")
+            .await
+            .is_empty()
     );
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
@@ -1184,5 +1375,8 @@ real_only! {
     an_admission_denial_refuses_only_its_pod_and_the_others_go => super::an_admission_denial_refuses_only_its_pod;
     a_blocked_drain_explains_itself_on_the_node_and_its_pods => super::a_blocked_drain_explains_itself;
     a_pods_own_drain_timeout_caps_its_wait_for_its_budget => super::a_pods_own_drain_timeout_caps_its_wait;
+    a_budget_that_can_never_open_is_seen_at_once => super::a_budget_that_can_never_open_is_seen_at_once;
+    replacements_that_cannot_schedule_are_seen_at_once => super::replacements_that_cannot_schedule_are_seen_at_once;
+    a_slow_budget_is_still_waited_for => super::a_slow_budget_is_still_waited_for;
     surge_before_evict_keeps_a_single_replica_serving => super::surge_keeps_a_single_replica_serving;
 }
