@@ -50,6 +50,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Reboot { cancel } => reboot(cli.config.as_deref(), cancel),
         Command::Scaler(args) => block_on(scaler(cli.config.as_deref(), args)),
         Command::Controller(args) => block_on(controller(args)),
+        Command::Cluster(cmd) => block_on(cluster::run(cli.config.as_deref(), cmd)),
     }
 }
 
@@ -581,5 +582,6 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<u8> {
     Ok(EXIT_OK)
 }
 
+mod cluster;
 #[cfg(test)]
 mod tests;
