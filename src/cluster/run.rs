@@ -37,6 +37,11 @@ pub enum Error {
     /// A node's cordon or uncordon failed.
     #[error(transparent)]
     Node(#[from] crate::drain::exec::Error),
+    /// The intent was created and removed by others while this run recorded it.
+    #[error(
+        "another `nodeward cluster shutdown` or `cluster start` changed the intent at the same time; run again"
+    )]
+    Raced,
     /// The pod watch ended before its first list.
     #[error("the cluster's pods could not be listed: {0}")]
     NotListed(String),
@@ -145,10 +150,18 @@ async fn record_intent(client: &kube::Client, reason: &str) -> Result<(Intent, b
         field_manager: Some(crate::names::FIELD_MANAGER.into()),
         ..PostParams::default()
     };
-    cms.create(&pp, &cm).await.map_err(api(
-        "record the intent (create ConfigMap kube-system/nodeward-cluster-shutdown)",
-    ))?;
-    Ok((intent, false))
+    match cms.create(&pp, &cm).await {
+        Ok(_) => Ok((intent, false)),
+        // Another run recorded it between the read and the create: resume that one.
+        Err(kube::Error::Api(s)) if s.code == 409 => read_intent(client)
+            .await
+            .map_err(api("read the intent"))?
+            .map(|found| (found, true))
+            .ok_or(Error::Raced),
+        Err(e) => Err(api(
+            "record the intent (create ConfigMap kube-system/nodeward-cluster-shutdown)",
+        )(e)),
+    }
 }
 
 /// Writes the intent's data over the recorded one.
@@ -437,7 +450,21 @@ async fn stop_waves(
         first.waves.iter().map(|w| w.pods.len()).sum::<usize>(),
         first.left.len()
     ));
+    let mut last = None;
     while let Some(wave) = plan_now(watch, opts, ds, &except).waves.into_iter().next() {
+        except.extend(wave.pods.iter().map(|p| p.uid.clone()));
+        // Waves only go forward: a pod planned where an earlier wave was is a replacement bound
+        // despite the cordons (it tolerates them). Stopping it again would never end.
+        if last.is_some_and(|k| wave.key <= k) {
+            for p in &wave.pods {
+                say(&format!(
+                    "  {p}: bound to a cordoned node after its wave (it tolerates the cordon); left running"
+                ));
+            }
+            report.not_stopped.extend(wave.pods);
+            continue;
+        }
+        last = Some(wave.key);
         report.waves += 1;
         let t = Instant::now();
         say(&format!(
@@ -460,7 +487,6 @@ async fn stop_waves(
             t.elapsed().as_secs_f64()
         ));
         report.stopped += stopped;
-        except.extend(wave.pods.iter().map(|p| p.uid.clone()));
         report.not_stopped.extend(left);
     }
     report
