@@ -162,6 +162,29 @@ pub fn plan<'a>(
     out
 }
 
+/// What the shutdown does next, given the plan of the pods there now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Stop this wave.
+    Stop(Wave),
+    /// These pods are planned where an earlier wave already was: replacements bound to a
+    /// cordoned node (they tolerate the cordon). Waves only go forward, or stopping them would
+    /// never end: they are reported and left.
+    CameBack(Vec<PodRef>),
+    /// Nothing left to stop.
+    Done,
+}
+
+/// The step after the wave `last` (`None`: the first): the plan's first wave, if it comes after
+/// `last`. Pure.
+pub fn next(plan: ShutdownPlan, last: Option<WaveKey>) -> Next {
+    match plan.waves.into_iter().next() {
+        None => Next::Done,
+        Some(w) if last.is_some_and(|k| w.key <= k) => Next::CameBack(w.pods),
+        Some(w) => Next::Stop(w),
+    }
+}
+
 /// What `cluster start` does to the nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StartPlan {

@@ -451,19 +451,22 @@ async fn stop_waves(
         first.left.len()
     ));
     let mut last = None;
-    while let Some(wave) = plan_now(watch, opts, ds, &except).waves.into_iter().next() {
-        except.extend(wave.pods.iter().map(|p| p.uid.clone()));
-        // Waves only go forward: a pod planned where an earlier wave was is a replacement bound
-        // despite the cordons (it tolerates them). Stopping it again would never end.
-        if last.is_some_and(|k| wave.key <= k) {
-            for p in &wave.pods {
-                say(&format!(
-                    "  {p}: bound to a cordoned node after its wave (it tolerates the cordon); left running"
-                ));
+    loop {
+        let wave = match plan::next(plan_now(watch, opts, ds, &except), last) {
+            plan::Next::Done => break,
+            plan::Next::CameBack(pods) => {
+                for p in &pods {
+                    say(&format!(
+                        "  {p}: bound to a cordoned node after its wave (it tolerates the cordon); left running"
+                    ));
+                }
+                except.extend(pods.iter().map(|p| p.uid.clone()));
+                report.not_stopped.extend(pods);
+                continue;
             }
-            report.not_stopped.extend(wave.pods);
-            continue;
-        }
+            plan::Next::Stop(wave) => wave,
+        };
+        except.extend(wave.pods.iter().map(|p| p.uid.clone()));
         last = Some(wave.key);
         report.waves += 1;
         let t = Instant::now();

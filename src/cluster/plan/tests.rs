@@ -233,3 +233,39 @@ fn start_lifts_only_the_shutdowns_own_cordons() {
         }
     );
 }
+
+/// Waves only go forward: the first wave of the plan now is stopped if it comes after the last
+/// one stopped; one at or before it is pods that came back (bound despite the cordons).
+#[test]
+fn waves_only_go_forward() {
+    let pods = [
+        pod("web-0", Some("ReplicaSet"), 0, json!({})),
+        pod("db-0", Some("StatefulSet"), 0, claim()),
+    ];
+    let now = |pods: &[Pod]| plan(pods, rules(), &bands(), &ds_exists, &BTreeSet::new());
+    let key = |tier| WaveKey {
+        band: 0,
+        tier,
+        priority: 0,
+    };
+    let first = match next(now(&pods), None) {
+        Next::Stop(w) => w,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(first.key, key(Tier::Stateless));
+    assert!(matches!(
+        next(now(&pods[1..]), Some(first.key)),
+        Next::Stop(Wave { key: k, .. }) if k == key(Tier::Volumes)
+    ));
+    assert_eq!(
+        next(now(&pods), Some(key(Tier::Volumes))),
+        Next::CameBack(vec![PodRef::of(&pods[0])]),
+        "a stateless pod bound after the stateless wave"
+    );
+    assert_eq!(
+        next(now(&pods[1..]), Some(key(Tier::Volumes))),
+        Next::CameBack(vec![PodRef::of(&pods[1])]),
+        "the same key again"
+    );
+    assert_eq!(next(now(&[]), Some(key(Tier::Volumes))), Next::Done);
+}
