@@ -71,6 +71,9 @@ pub enum Command {
         #[arg(long)]
         cancel: bool,
     },
+    /// Stop the whole cluster for a planned power-down, or start it again.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Validate or show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -97,6 +100,52 @@ pub enum ConfigCommand {
         #[arg(long, value_enum, default_value = "toml")]
         output: ConfigOutput,
     },
+}
+
+/// `nodeward cluster ...`
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Record a whole-cluster shutdown, cordon every node, and stop the workloads in waves
+    /// (lower priority first; stateless, then StatefulSets, then pods with volumes; DaemonSets
+    /// and static pods left alone) by graceful deletion; ends with "safe to power off".
+    #[command(after_help = "Examples:\n  \
+        nodeward cluster shutdown --dry-run\n  \
+        nodeward cluster shutdown --reason 'datacenter move' --kubeconfig ~/.kube/admin.conf\n\n\
+        While the shutdown is recorded (ConfigMap kube-system/nodeward-cluster-shutdown), agents \
+        drain without waiting on budgets and the scaler neither scales nor repairs. \
+        `nodeward cluster start` undoes it.")]
+    Shutdown(ClusterShutdownArgs),
+    /// Lift the cordons `cluster shutdown` made (never anyone else's) and remove its record,
+    /// so the controllers' Pending pods schedule again.
+    #[command(after_help = "Examples:\n  \
+        nodeward cluster start --kubeconfig ~/.kube/admin.conf")]
+    Start(ClusterStartArgs),
+}
+
+/// `nodeward cluster shutdown` arguments.
+#[derive(Debug, Args)]
+pub struct ClusterShutdownArgs {
+    /// Print the order (waves with their pods, what is left alone) and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Why, recorded with the shutdown.
+    #[arg(long, value_name = "TEXT", default_value = "planned power-down")]
+    pub reason: String,
+    /// How long one wave waits for its pods to be gone before the next starts (its stragglers are
+    /// reported), e.g. 90s or 5m.
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub wave_timeout: String,
+    /// Kubeconfig to use (default: KUBECONFIG / ~/.kube/config / in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// `nodeward cluster start` arguments.
+#[derive(Debug, Args)]
+pub struct ClusterStartArgs {
+    /// Kubeconfig to use (default: KUBECONFIG / ~/.kube/config / in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// How `nodeward status` prints.

@@ -53,6 +53,7 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Reboot { cancel } => reboot(cli.config.as_deref(), cancel),
         Command::Scaler(args) => block_on(scaler(cli.config.as_deref(), args)),
         Command::Controller(args) => block_on(controller(args)),
+        Command::Cluster(cmd) => block_on(cluster::run(cli.config.as_deref(), cmd)),
     }
 }
 
@@ -585,5 +586,6 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<u8> {
     Ok(EXIT_OK)
 }
 
+mod cluster;
 #[cfg(test)]
 mod tests;

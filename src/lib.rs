@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod cli;
+pub mod cluster;
 pub mod commands;
 pub mod config;
 pub mod drain;

@@ -1644,3 +1644,47 @@ async fn logind_a_cancelled_shutdown_ends_its_drain_on_the_node() {
     wait_node(&emu, "our cordon lifted", schedulable).await;
     h.shutdown().await;
 }
+
+/// While `nodeward cluster shutdown`'s intent is recorded, the agent's shutdown drain knows it
+/// (read once as the drain starts) and says so; without the record it does not.
+#[tokio::test]
+async fn logind_a_shutdown_drain_reads_the_cluster_shutdowns_intent() {
+    for recorded in [false, true] {
+        let h = dbusmock_logind().await;
+        let emu = emulator().await;
+        seed_tainted_node(&emu);
+        seed_flannel(&emu, true);
+        seed_workload(&emu, 1);
+        if recorded {
+            emu.create(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": nodeward::names::CLUSTER_SHUTDOWN_CONFIGMAP,
+                             "namespace": nodeward::names::CLUSTER_SHUTDOWN_NAMESPACE},
+                "data": {"phase": "stopped", "cordoned": "[]"}
+            }))
+            .expect("intent");
+        }
+        let agent = spawn_agent(Setup {
+            emu: &emu,
+            bus: Some(h.bus_address()),
+            dropin_dir: None,
+            extra: "#DROPIN\n[drain]\ntimeout = \"60s\"\n",
+        });
+        agent
+            .wait_status("lock held", |s| {
+                s.lock == nodeward::agent::state::Lock::Held
+            })
+            .await;
+        agent.write_flannel();
+        wait_node(&emu, "schedulable", schedulable).await;
+        h.emit_prepare_for_shutdown(true).await.expect("signal");
+        let st = agent
+            .wait_status("the drain ended", |s| s.last_drain.is_some())
+            .await;
+        let said = agent
+            .log_text()
+            .contains("a cluster shutdown is recorded: the drain waits on no budget");
+        assert_eq!(said, recorded, "{st}\n{}", agent.log_text());
+        h.shutdown().await;
+    }
+}

@@ -114,6 +114,12 @@ impl Agent {
                 })
             }),
             ShutdownPolicy::Drain => Box::pin(async move {
+                let mut opts = opts;
+                let left = until.saturating_duration_since(Instant::now());
+                opts.cluster_shutdown = cluster_shutdown_recorded(&client, left / 10).await;
+                if opts.cluster_shutdown {
+                    info!(node = %node, "a cluster shutdown is recorded: the drain waits on no budget");
+                }
                 retry_until(&node, until, "drain", |left| {
                     let mut o = opts.clone();
                     (o.timeout, o.ending) = drain_budget(left);
@@ -238,6 +244,23 @@ impl Agent {
         self.report.drain_progress = None;
         self.reconcile().await;
     }
+}
+
+/// The longest the shutdown drain asks whether a cluster shutdown is recorded: one GET, which an
+/// API server answers in milliseconds; one that does not answer costs the drain no more.
+const INTENT_LIMIT: Duration = Duration::from_secs(1);
+
+/// Whether a cluster shutdown is recorded (`nodeward cluster shutdown`), asked once as the
+/// shutdown drain starts, for at most [`INTENT_LIMIT`] and `share` (a tenth of the drain's time:
+/// a short deadline is not spent on the question). No answer is a no: the drain waits on
+/// budgets, as it always did.
+async fn cluster_shutdown_recorded(client: &kube::Client, share: Duration) -> bool {
+    tokio::time::timeout(
+        INTENT_LIMIT.min(share),
+        crate::cluster::intent_exists(client),
+    )
+    .await
+    .unwrap_or(false)
 }
 
 pub(super) fn outcome(outcome: ShutdownOutcome) -> DrainSummary {

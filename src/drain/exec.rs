@@ -179,6 +179,12 @@ pub struct DrainOptions {
     pub ending: Duration,
     /// `true` stops the drain: it ends [`DrainOutcome::Cancelled`], through the same ending.
     pub stop: Option<tokio::sync::watch::Receiver<bool>>,
+    /// The whole cluster is being shut down (`nodeward cluster shutdown` recorded its intent,
+    /// [`crate::names::CLUSTER_SHUTDOWN_CONFIGMAP`]): every node is cordoned and going down, so
+    /// a budget that refuses an eviction cannot open before this node goes, and the drain need
+    /// not wait on it. Set by the agent's shutdown drain when the intent exists as it starts;
+    /// `false` for every other drain.
+    pub cluster_shutdown: bool,
 }
 
 /// When an evicted pod counts as gone from its node.
@@ -237,6 +243,7 @@ impl DrainOptions {
             cordoned: None,
             ending: ENDING,
             stop: None,
+            cluster_shutdown: false,
         }
     }
 }

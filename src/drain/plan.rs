@@ -311,6 +311,13 @@ pub struct ControllerRef {
 }
 
 impl PodFacts {
+    /// Whether a StatefulSet owns the pod: its replacement takes the same name (and its claims).
+    pub fn stateful(&self) -> bool {
+        self.controller
+            .as_ref()
+            .is_some_and(|c| c.kind == "StatefulSet")
+    }
+
     /// Reads the facts from a Pod.
     pub fn of(pod: &Pod) -> Self {
         let annotations = pod.metadata.annotations.as_ref();
@@ -358,13 +365,17 @@ pub fn left_node(pod: &Pod, containers_running: Option<bool>) -> bool {
     let facts = PodFacts::of(pod);
     let stopped = pod.metadata.deletion_timestamp.is_some()
         && (facts.finished || containers_running == Some(false));
-    let named = facts.controller.is_some_and(|c| c.kind == "StatefulSet");
-    let volumes_local = pod
-        .spec
+    stopped && !facts.stateful() && volumes_node_local(pod)
+}
+
+/// The one answer to "does this pod have volumes whose teardown matters beyond its node" (a
+/// claim, a CSI or network volume): every volume is [`node_local`] or it has none. The drain
+/// waits for such a pod's object ([`left_node`]); a cluster shutdown stops such pods last.
+pub fn volumes_node_local(pod: &Pod) -> bool {
+    pod.spec
         .as_ref()
         .and_then(|s| s.volumes.as_ref())
-        .is_none_or(|vols| vols.iter().all(node_local));
-    stopped && !named && volumes_local
+        .is_none_or(|vols| vols.iter().all(node_local))
 }
 
 /// Volume kinds whose teardown matters to nobody beyond the node: what the API or another node

@@ -108,7 +108,7 @@ impl fmt::Display for DeleteNodeReason {
 /// The status ConfigMap's `last_actions` shows each as an object: `action`, the variant's name
 /// in kebab-case (`scale-up`, `no-scale-up`, `mark-unneeded`, `clear-unneeded`, `scale-down`,
 /// `repair`, `back-off`, `delete-node`, `cancel-scale-down`, `clear-back-off`,
-/// `guard-holds`), beside the variant's fields under their own names; times in RFC 3339, reasons
+/// `guard-holds`, `cluster-shutdown`), beside the variant's fields under their own names; times in RFC 3339, reasons
 /// in kebab-case, an absent `node` or `group` as `null`. For example
 /// `{"action": "clear-unneeded", "node": "n1"}`. Readers rely on this shape: add fields, never
 /// rename or remove them.
@@ -209,6 +209,15 @@ pub enum Action {
         total: u32,
         /// Repairs and Node deletions held back this pass.
         held: u32,
+    },
+    /// A whole-cluster shutdown is recorded: every node is cordoned and going down on purpose,
+    /// its pods' replacements Pending on purpose. Nothing is scaled up, scaled down, repaired or
+    /// deleted until `nodeward cluster start` removes the record.
+    ClusterShutdown {
+        /// Who asked for it.
+        requested_by: String,
+        /// When it started (RFC 3339).
+        started_at: String,
     },
 }
 
@@ -866,8 +875,15 @@ fn headroom(s: &ScalerSettings, gi: usize, planned: &[u32], size: &[u32]) -> u32
 }
 
 /// Decides what to do, in five phases that each read the snapshot and the plan so far. See the
-/// module documentation.
+/// module documentation. While a cluster shutdown is recorded, nothing: the cordoned nodes and
+/// Pending pods are the operator's plan, not a fault to repair or a demand to scale for.
 pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action> {
+    if let Some(cs) = &snap.cluster_shutdown {
+        return vec![Action::ClusterShutdown {
+            requested_by: cs.requested_by.clone(),
+            started_at: cs.started_at.clone(),
+        }];
+    }
     let cx = Context::new(snap, now, s);
     let mut plan = Plan::new(&cx);
     let guard = unhealthy(snap, s);

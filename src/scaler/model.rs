@@ -377,6 +377,18 @@ pub struct Snapshot {
     pub backoff: BTreeMap<String, Backoff>,
     /// Every PodDisruptionBudget.
     pub budgets: Vec<BudgetView>,
+    /// A whole-cluster shutdown is recorded (`nodeward cluster shutdown`): the scaler holds
+    /// still until `nodeward cluster start` removes it.
+    pub cluster_shutdown: Option<ClusterShutdownView>,
+}
+
+/// What the scaler knows of a recorded cluster shutdown, for its status and log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterShutdownView {
+    /// Who asked.
+    pub requested_by: String,
+    /// RFC 3339 time it started.
+    pub started_at: String,
 }
 
 /// FNV-1a's offset basis.

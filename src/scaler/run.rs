@@ -553,14 +553,27 @@ impl<P: Provider + 'static> Inner<P> {
         let budgets: Api<PodDisruptionBudget> = Api::all(self.client.clone());
         let all = ListParams::default();
         let live = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-        let (nodes, pods, status, budgets, machines, daemonsets) = tokio::join!(
+        let (nodes, pods, status, budgets, machines, daemonsets, cluster_shutdown) = tokio::join!(
             nodes.list(&all),
             pods.list(&live),
             status.get_opt(STATUS_CONFIGMAP),
             budgets.list(&all),
             self.provider.list(),
             self.daemonsets(),
+            crate::cluster::read_intent(&self.client),
         );
+        let cluster_shutdown = match cluster_shutdown {
+            // A scaler whose RBAC predates cluster shutdowns acts as it did.
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                warn!("cannot read ConfigMap kube-system/nodeward-cluster-shutdown (needs get on it: apply packaging/kubernetes/rbac-scaler.yaml); a cluster shutdown would not pause this scaler");
+                None
+            }
+            other => other.map_err(api("read ConfigMap kube-system/nodeward-cluster-shutdown"))?,
+        }
+        .map(|i| model::ClusterShutdownView {
+                requested_by: i.requested_by,
+                started_at: i.started_at,
+            });
         let daemonsets = daemonsets?;
         let nodes = nodes.map_err(api("list nodes"))?;
         let pods = pods.map_err(api("list pods"))?;
@@ -582,6 +595,7 @@ impl<P: Provider + 'static> Inner<P> {
             machines,
             backoff,
             budgets: budgets.items.iter().map(model::budget_view).collect(),
+            cluster_shutdown,
         })
     }
 
@@ -771,6 +785,8 @@ impl<P: Provider + 'static> Inner<P> {
                 machine,
                 ..
             } => self.start_scale_down(group, node, machine),
+            // Logged with the pass's decisions; nothing to carry out.
+            Action::ClusterShutdown { .. } => {}
         }
     }
 
@@ -1457,6 +1473,15 @@ fn guard_note(group: Option<&str>, unready: u32, total: u32, held: u32) -> Strin
 
 fn log_action(a: &Action, dry_run: bool) {
     match a {
+        Action::ClusterShutdown {
+            requested_by,
+            started_at,
+        } => warn!(
+            dry_run,
+            requested_by,
+            started_at,
+            "a cluster shutdown is recorded: no scale-up, scale-down or repair until `nodeward cluster start`"
+        ),
         Action::GuardHolds {
             group,
             unready,
@@ -1703,6 +1728,14 @@ package_url = "https://downloads.example.com/nodeward/nodeward_0.1.0.{ext}"
                 },
                 json!({"action": "guard-holds", "group": null, "unready": 6, "total": 8,
                     "held": 2}),
+            ),
+            (
+                Action::ClusterShutdown {
+                    requested_by: "alice".into(),
+                    started_at: "2026-01-01T00:00:00Z".into(),
+                },
+                json!({"action": "cluster-shutdown", "requested_by": "alice",
+                    "started_at": "2026-01-01T00:00:00Z"}),
             ),
         ];
         for (action, want) in cases {

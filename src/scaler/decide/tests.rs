@@ -2012,6 +2012,7 @@ mod phases {
                 Action::CancelScaleDown { .. } => "CancelScaleDown",
                 Action::ClearBackOff { .. } => "ClearBackOff",
                 Action::GuardHolds { .. } => "GuardHolds",
+                Action::ClusterShutdown { .. } => "ClusterShutdown",
             })
             .collect()
     }
@@ -2833,5 +2834,48 @@ mod packing_properties {
                 prop_assert!(size[gi] + asked <= *max, "g{gi}: {} + {asked} > {max}: {a:?}", size[gi]);
             }
         }
+    }
+}
+
+/// While a cluster shutdown is recorded the scaler holds still: pending pods (the controllers'
+/// replacements), idle nodes, NotReady nodes (powered off) and nodes below min all wait for
+/// `cluster start`; the same snapshots without the record act as usual.
+#[test]
+fn a_cluster_shutdown_pauses_every_decision() {
+    let s = settings(vec![group("web", 5, 10)]);
+    let mut idle = scale_down_snapshot();
+    for n in &mut idle.nodes {
+        n.unneeded_since = Some(at(-60));
+    }
+    let mut pending = Snapshot::default();
+    pending.pods.push(pod("replacement", 500, 1));
+    let cases = [
+        ("pending pods", pending),
+        ("idle nodes unneeded for an hour", idle),
+        ("nodes NotReady for an hour", fleet(10, 1)),
+        ("a group below its min", Snapshot::default()),
+    ];
+    let shutdown = crate::scaler::model::ClusterShutdownView {
+        requested_by: "alice".into(),
+        started_at: "2026-01-01T00:00:00Z".into(),
+    };
+    for (what, snap) in cases {
+        let now = at(60);
+        assert!(
+            !decide(&snap, now, &s).is_empty(),
+            "{what}: acts without the record"
+        );
+        let paused = Snapshot {
+            cluster_shutdown: Some(shutdown.clone()),
+            ..snap
+        };
+        assert_eq!(
+            decide(&paused, now, &s),
+            vec![Action::ClusterShutdown {
+                requested_by: "alice".into(),
+                started_at: "2026-01-01T00:00:00Z".into(),
+            }],
+            "{what}"
+        );
     }
 }
