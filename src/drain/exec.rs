@@ -522,6 +522,8 @@ struct BudgetView<'a> {
     nodes: Option<&'a [std::sync::Arc<Node>]>,
     /// The node drained.
     node: &'a str,
+    /// [`DrainOptions::cluster_shutdown`].
+    cluster_shutdown: bool,
 }
 
 impl super::step::Budgets for BudgetView<'_> {
@@ -529,6 +531,9 @@ impl super::step::Budgets for BudgetView<'_> {
         budget_open(self.budgets, t)
     }
     fn unsatisfiable(&self, t: &Tracked) -> Option<super::unsatisfiable::Why> {
+        if self.cluster_shutdown {
+            return Some(super::unsatisfiable::Why::ClusterShutdown);
+        }
         plan::budgets_for(
             &t.pod.namespace,
             &t.labels,
@@ -745,12 +750,13 @@ struct Snapshot {
 }
 
 impl Snapshot {
-    fn view<'a>(&'a self, node: &'a str) -> BudgetView<'a> {
+    fn view<'a>(&'a self, node: &'a str, cluster_shutdown: bool) -> BudgetView<'a> {
         BudgetView {
             budgets: &self.budgets,
             pending: &self.pending,
             nodes: self.nodes.as_deref(),
             node,
+            cluster_shutdown,
         }
     }
 }
@@ -943,10 +949,11 @@ impl<'a> Drain<'a> {
             let next_poll = self.poll_node(&mut schedule, &w.pods, &mut surges, now);
             // One snapshot of the budgets per step, not one per blocked pod.
             let snapshot = w.snapshot(&schedule, self.client);
-            let (commands, mut wake) = match schedule.step(now, &snapshot.view(self.node)) {
-                Step::Done(outcome) => break outcome,
-                Step::Run { commands, wake } => (commands, wake),
-            };
+            let (commands, mut wake) =
+                match schedule.step(now, &snapshot.view(self.node, self.opts.cluster_shutdown)) {
+                    Step::Done(outcome) => break outcome,
+                    Step::Run { commands, wake } => (commands, wake),
+                };
             if let Some(at) = next_poll {
                 wake = wake.min(at);
             }

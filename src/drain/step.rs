@@ -585,7 +585,7 @@ impl Schedule {
                 continue;
             };
             let since = *t.hopeless_since.get_or_insert(now);
-            if now < later(since, VERDICT_SETTLE) {
+            if why.needs_settling() && now < later(since, VERDICT_SETTLE) {
                 continue;
             }
             if t.unsatisfiable.is_none() {

@@ -55,6 +55,15 @@ pub enum Stuck {
     NoNode,
 }
 
+impl Why {
+    /// Whether the verdict is read from state that passes through hopeless-looking moments (a
+    /// budget's status, the scheduler's conditions) and must hold a while before it is acted
+    /// on ([`super::step::VERDICT_SETTLE`]); the cluster's recorded shutdown need not.
+    pub fn needs_settling(&self) -> bool {
+        !matches!(self, Self::ClusterShutdown)
+    }
+}
+
 impl fmt::Display for Why {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -1104,3 +1104,32 @@ fn a_verdict_that_does_not_hold_throughout_its_settling_is_not_given() {
     assert_eq!(verdicts(&at_nine), [("stuck".to_string(), true)]);
     assert_eq!(s.get("stuck").map(|t| &t.state), Some(&PodState::GaveUp));
 }
+
+/// During a recorded cluster shutdown every budget-blocked pod is hopeless at once: no node will
+/// take it back, and that is not read from a status that needs to settle.
+#[test]
+fn a_cluster_shutdown_needs_no_settling() {
+    struct ShuttingDown;
+    impl Budgets for ShuttingDown {
+        fn open(&self, _: &Tracked) -> bool {
+            false
+        }
+        fn of(&self, _: &Tracked) -> Vec<String> {
+            vec!["ns/web".into()]
+        }
+        fn unsatisfiable(&self, _: &Tracked) -> Option<Why> {
+            Some(Why::ClusterShutdown)
+        }
+    }
+    let t0 = Instant::now();
+    let mut s = schedule(OnDeadline::Abandon, 10, t0);
+    s.track(&pod("web", 0), &no_daemonsets);
+    s.step(t0, &ShuttingDown);
+    blocked_at(&mut s, "web", t0 + MS);
+    let judged = s.step(t0 + 2 * MS, &ShuttingDown);
+    assert_eq!(verdicts(&judged), [("web".to_string(), true)]);
+    assert_eq!(
+        s.step(t0 + 3 * MS, &ShuttingDown),
+        Step::Done(DrainOutcome::BudgetUnsatisfiable)
+    );
+}
