@@ -125,11 +125,17 @@ impl Agent {
         opts.progress = Some(std::sync::Arc::new(progress));
         self.report.drain_progress = Some(watching);
         let (stop, stopping) = tokio::sync::watch::channel(false);
+        let cancelled = stopping.clone();
         opts.stop = Some(stopping);
         self.report.drain_stop = Some(stop);
         let until = announced + deadline;
         let by = until + ANNOUNCE_TIME.min(s.shutdown.safety_margin / 2);
-        let record = (kind == ShutdownKind::PowerOff).then(|| (client.clone(), node.clone()));
+        let record = (kind == ShutdownKind::PowerOff).then(|| Recording {
+            client: client.clone(),
+            node: node.clone(),
+            by,
+            cancelled,
+        });
         let drain: DrainFuture = match policy {
             ShutdownPolicy::Nothing => {
                 Box::pin(async move { outcome(ShutdownOutcome::NothingToDo) })
@@ -159,7 +165,7 @@ impl Agent {
             }),
         };
         Some(match record {
-            Some((client, node)) => with_record(drain, client, node, by),
+            Some(r) => with_record(drain, r),
             None => drain,
         })
     }
@@ -306,12 +312,35 @@ fn terminating(r: &crate::drain::DrainReport) -> Vec<String> {
     pods
 }
 
-/// At a power-off, `drain` followed by the [`PowerOff`] record on the Node, written by `by` (so
-/// within logind's cap) before the future ends and the lock goes. Without a boot ID there is no
-/// record: the controller could not tell the next boot from this one.
-fn with_record(drain: DrainFuture, client: kube::Client, node: String, by: Instant) -> DrainFuture {
+/// Where and by when a power-off's record is written.
+struct Recording {
+    client: kube::Client,
+    node: String,
+    /// Written by then (within logind's cap), or not at all.
+    by: Instant,
+    /// True once the shutdown was cancelled: then there is nothing to record.
+    cancelled: tokio::sync::watch::Receiver<bool>,
+}
+
+/// At a power-off, `drain` followed by the [`PowerOff`] record on the Node, written by `r.by`
+/// before the future ends and the lock goes. Not for a shutdown cancelled meanwhile (the node
+/// stays up), and not without a boot ID (the controller could not tell the next boot from this).
+fn with_record(drain: DrainFuture, r: Recording) -> DrainFuture {
+    let Recording {
+        client,
+        node,
+        by,
+        cancelled,
+    } = r;
     Box::pin(async move {
         let summary = drain.await;
+        if *cancelled.borrow() {
+            info!(
+                node,
+                "the power-off was cancelled: nothing recorded on the Node"
+            );
+            return summary;
+        }
         let Some(boot_id) = crate::reboot::boot_id() else {
             warn!(
                 node,

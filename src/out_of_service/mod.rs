@@ -27,6 +27,13 @@ use serde::{Deserialize, Serialize};
 use crate::names::{OUT_OF_SERVICE_TAINT_EFFECT, OUT_OF_SERVICE_TAINT_KEY, POWER_OFF};
 pub use write::{Error, announce, reconcile};
 
+/// A node goes NotReady within this long of its power-off record, or the record is stale (a
+/// power-off cancelled after it was written, a machine that stayed up): the record goes and no
+/// taint follows. A power-off stops the kubelet within the shutdown's first minutes and the node
+/// lifecycle controller says NotReady a grace period (50 s) later; ten minutes leaves room for a
+/// slow shutdown and none for a partition days later to pass for the announced power-off.
+pub const ANNOUNCED_WITHIN: Duration = Duration::from_secs(600);
+
 /// What the agent leaves on its Node before a power-off.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -105,12 +112,19 @@ pub fn decide(node: &Node, after: Duration, now: jiff::Timestamp) -> Option<Chan
         .map(|t| t.0)
         .unwrap_or(now);
     let announced = record.at().unwrap_or(now);
+    let window = jiff::SignedDuration::try_from(ANNOUNCED_WITHIN).unwrap_or_default();
+    let stale = |t: jiff::Timestamp| t.duration_since(announced) > window;
     if ready.status == "True" {
-        // Ready since the announcement: the power-off did not happen, or the machine is back.
-        return (since > announced).then_some(Change::Clear { untaint: ours });
+        // Ready since the announcement (the machine is back), or still Ready long after it (the
+        // power-off did not happen).
+        return (since > announced || stale(now)).then_some(Change::Clear { untaint: ours });
     }
     if tainted {
         return None;
+    }
+    if stale(since) {
+        // NotReady only long after the record: not the power-off it announced.
+        return Some(Change::Clear { untaint: false });
     }
     let down_since = since.max(announced);
     let down_for = now.duration_since(down_since);

@@ -67,7 +67,7 @@ fn the_taint_goes_on_only_a_node_announced_off_and_down_long_enough() {
     let after = Duration::from_secs(60);
     let now = ts("2026-11-28T12:01:40Z");
     let clear = |untaint| Some(Change::Clear { untaint });
-    let cases: [(&str, N, Option<Change>); 14] = [
+    let cases: [(&str, N, Option<Change>); 15] = [
         ("announced, NotReady 60 s", BASE, Some(Change::Taint)),
         (
             "announced, Unknown 60 s",
@@ -179,10 +179,33 @@ fn the_taint_goes_on_only_a_node_announced_off_and_down_long_enough() {
             N { boot: "", ..BASE },
             Some(Change::Taint),
         ),
+        (
+            "NotReady only 10 min after the record: stale, not the power-off",
+            N {
+                since: "2026-11-28T12:10:01Z",
+                ..BASE
+            },
+            clear(false),
+        ),
     ];
     for (what, n, want) in cases {
         assert_eq!(decide(&node(&n), after, now), want, "{what}");
     }
+}
+
+#[test]
+fn a_record_on_a_node_still_ready_10_minutes_later_is_stale() {
+    let ready = N {
+        ready: "True",
+        since: "2026-11-28T10:00:00Z",
+        ..BASE
+    };
+    let n = node(&ready);
+    assert_eq!(decide(&n, Duration::ZERO, ts("2026-11-28T12:10:00Z")), None);
+    assert_eq!(
+        decide(&n, Duration::ZERO, ts("2026-11-28T12:10:01Z")),
+        Some(Change::Clear { untaint: false })
+    );
 }
 
 #[test]
