@@ -847,6 +847,74 @@ async fn logind_252_tells_a_power_off_from_a_reboot_by_the_call_and_records_the_
     h.shutdown().await;
 }
 
+/// A power-off cancelled while the drain waits on a budget leaves no power-off record: the node
+/// stays up, and a record would let a later NotReady of this boot pass for the power-off.
+#[tokio::test]
+async fn logind_a_power_off_cancelled_during_its_drain_records_nothing() {
+    let h = dbusmock_logind().await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    seed_workload(&emu, 2);
+    emu.create(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}
+    }))
+    .expect("pdb");
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: None,
+        extra: "#DROPIN\n[drain]\ntimeout = \"60s\"\n",
+    });
+    agent
+        .wait_status("lock held", |s| {
+            s.lock == nodeward::agent::state::Lock::Held
+        })
+        .await;
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    let conn = h.connection().await.expect("bus");
+    let meta: std::collections::HashMap<&str, zbus::zvariant::Value<'_>> =
+        [("type", zbus::zvariant::Value::from("power-off"))].into();
+    conn.call_method(
+        Some("org.freedesktop.login1"),
+        "/org/freedesktop/login1",
+        Some("org.freedesktop.DBus.Mock"),
+        "EmitSignal",
+        &(
+            "org.freedesktop.login1.Manager",
+            "PrepareForShutdownWithMetadata",
+            "ba{sv}",
+            vec![
+                zbus::zvariant::Value::from(true),
+                zbus::zvariant::Value::from(meta),
+            ],
+        ),
+    )
+    .await
+    .expect("EmitSignal");
+    agent
+        .wait_status("the drain waits on the budget", |s| {
+            s.draining.as_ref().is_some_and(|d| d.blocked.len() == 2)
+        })
+        .await;
+    h.emit_prepare_for_shutdown(false).await.expect("cancel");
+    wait_node(&emu, "our cordon lifted", schedulable).await;
+    let t0 = Instant::now();
+    while !agent.log_text().contains("the power-off was cancelled") {
+        assert!(t0.elapsed() < SOON, "{}", agent.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        power_off_record(&emu),
+        None,
+        "a cancelled power-off is recorded"
+    );
+    h.shutdown().await;
+}
+
 /// An operator's `nodeward drain` cordoned the node before the shutdown; the agent's shutdown
 /// drain finds that cordon (it cordons nothing itself), so a cancelled shutdown leaves it: only
 /// a cordon the agent's own write made is the agent's to lift.
