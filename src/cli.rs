@@ -246,6 +246,18 @@ pub struct ControllerArgs {
     /// Kubeconfig to use (default: KUBECONFIG / ~/.kube/config / in-cluster).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    /// Add node.kubernetes.io/out-of-service=nodeshutdown:NoExecute to a node whose agent
+    /// recorded a power-off once it has been NotReady for --out-of-service-after (its pods are
+    /// then deleted and their volumes detached); remove it when the node boots again. Off by
+    /// default.
+    #[arg(long)]
+    pub out_of_service: bool,
+    /// How long a node that announced a power-off must be NotReady before the taint.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::validate::duration)]
+    pub out_of_service_after: std::time::Duration,
+    /// Serve Prometheus metrics (/metrics) and /healthz on this address (off by default).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_address: Option<std::net::SocketAddr>,
     /// Accepted and ignored: the controller no longer elects a leader (kept so that manifests
     /// written for 0.1 keep starting).
     #[arg(long, value_name = "NS", hide = true)]

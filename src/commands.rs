@@ -578,9 +578,21 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<u8> {
             "--lease-namespace and --lease-duration are ignored: every replica of the controller acts, with guarded writes, and none waits for a Lease (remove them; see docs/src/readiness.md)"
         );
     }
+    let metrics = std::sync::Arc::new(crate::readiness::metrics::ControllerMetrics::default());
+    let _metrics = match args.metrics_address {
+        Some(addr) => Some(crate::task::AbortOnDrop(
+            crate::metrics_http::serve(addr, metrics.clone())
+                .await
+                .with_context(|| format!("cannot serve metrics on {addr}"))?
+                .1,
+        )),
+        None => None,
+    };
     let opts = crate::readiness::controller::Options {
         mode: args.mode,
         dry_run: args.dry_run,
+        out_of_service: args.out_of_service.then_some(args.out_of_service_after),
+        metrics,
     };
     crate::readiness::controller::run(client, opts, crate::scaler::shutdown_signal()).await?;
     Ok(EXIT_OK)

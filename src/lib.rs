@@ -21,6 +21,7 @@ pub mod logind;
 pub mod metrics_http;
 pub mod names;
 pub mod node_write;
+pub mod out_of_service;
 pub mod readiness;
 pub mod reboot;
 pub mod render;

@@ -69,3 +69,18 @@ pub const PROTECTED_ROLE_LABELS: &[&str] = &[
     "node-role.kubernetes.io/master",
     "node-role.kubernetes.io/etcd",
 ];
+
+/// The Node annotation the agent writes before it lets a power-off go on: a JSON
+/// [`crate::out_of_service::PowerOff`] record (boot ID, time, the pods left behind and those
+/// whose objects stay Terminating). Only at a power-off, never at a reboot or an unknown kind.
+pub const POWER_OFF: &str = "nodeward.io/power-off";
+
+/// Kubernetes' out-of-service taint (KEP-2268): on a NotReady node, the pod GC force-deletes its
+/// terminating pods and the attach-detach controller detaches their volumes at once.
+pub const OUT_OF_SERVICE_TAINT_KEY: &str = "node.kubernetes.io/out-of-service";
+
+/// The out-of-service taint's value nodeward (and the KEP's examples) use.
+pub const OUT_OF_SERVICE_TAINT_VALUE: &str = "nodeshutdown";
+
+/// The out-of-service taint's effect: pods that do not tolerate it are evicted.
+pub const OUT_OF_SERVICE_TAINT_EFFECT: TaintEffect = TaintEffect::NoExecute;

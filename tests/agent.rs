@@ -771,6 +771,150 @@ async fn logind_poweroff_drains_releases_the_lock_and_cancel_retakes_it() {
     h.shutdown().await;
 }
 
+/// The power-off record the agent left on its Node, if any.
+fn power_off_record(emu: &EmulatorHandle) -> Option<nodeward::out_of_service::PowerOff> {
+    nodeward::out_of_service::PowerOff::of(&emu_node(emu))
+}
+
+/// Issue 43, item 3: the real logind here is systemd 252, whose `PrepareForShutdown` does not
+/// say which shutdown it is. The agent's bus monitor sees the call that asked for it: a
+/// `Reboot` applies `on_reboot` and records nothing on the Node; a `PowerOff` applies
+/// `on_poweroff` and leaves the power-off record (this boot's ID, the pods) before the lock goes.
+#[tokio::test]
+async fn logind_252_tells_a_power_off_from_a_reboot_by_the_call_and_records_the_power_off() {
+    let h = harness(CAP).await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    seed_workload(&emu, 2);
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: Some(h.dropin_dir()),
+        extra: "#DROPIN\n[drain]\ntimeout = \"3s\"\n[shutdown]\non_reboot = \"cordon\"\non_unknown = \"nothing\"\n",
+    });
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 1)
+        .await
+        .expect("lock");
+    let t0 = Instant::now();
+    while !agent
+        .log_text()
+        .contains("watching the system bus for calls to logind")
+    {
+        assert!(t0.elapsed() < SOON, "no bus monitor:\n{}", agent.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    h.reboot().await.expect("Reboot");
+    h.wait_for_unit_started("reboot.target", SOON)
+        .await
+        .expect("logind proceeds once the lock is released");
+    let st = agent
+        .wait_status("reboot handled", |s| s.last_drain.is_some())
+        .await;
+    let d = st.last_drain.as_ref().expect("drain");
+    assert_eq!(d.kind, nodeward::logind::ShutdownKind::Reboot, "{st}");
+    assert_eq!(d.policy, nodeward::config::ShutdownPolicy::Cordon, "{st}");
+    assert_eq!(
+        power_off_record(&emu),
+        None,
+        "a reboot records no power-off"
+    );
+
+    h.cancel_shutdown().await.expect("cancel");
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 1)
+        .await
+        .expect("lock taken again after the cancel");
+    h.power_off().await.expect("PowerOff");
+    h.wait_for_unit_started("poweroff.target", SOON)
+        .await
+        .expect("logind proceeds once the lock is released");
+    let st = agent
+        .wait_status("power-off handled", |s| {
+            s.last_drain
+                .as_ref()
+                .is_some_and(|d| d.kind != nodeward::logind::ShutdownKind::Reboot)
+        })
+        .await;
+    let d = st.last_drain.as_ref().expect("drain");
+    assert_eq!(d.kind, nodeward::logind::ShutdownKind::PowerOff, "{st}");
+    assert_eq!(d.policy, nodeward::config::ShutdownPolicy::Drain, "{st}");
+    let record = power_off_record(&emu).expect("the power-off is recorded on the Node");
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
+    assert_eq!(record.boot_id, boot.trim());
+    assert!(record.tainted_at.is_none());
+    eprintln!("power-off record: {record:?}");
+    h.shutdown().await;
+}
+
+/// A power-off cancelled while the drain waits on a budget leaves no power-off record: the node
+/// stays up, and a record would let a later NotReady of this boot pass for the power-off.
+#[tokio::test]
+async fn logind_a_power_off_cancelled_during_its_drain_records_nothing() {
+    let h = dbusmock_logind().await;
+    let emu = emulator().await;
+    seed_tainted_node(&emu);
+    seed_flannel(&emu, true);
+    seed_workload(&emu, 2);
+    emu.create(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}}
+    }))
+    .expect("pdb");
+    let agent = spawn_agent(Setup {
+        emu: &emu,
+        bus: Some(h.bus_address()),
+        dropin_dir: None,
+        extra: "#DROPIN\n[drain]\ntimeout = \"60s\"\n",
+    });
+    agent
+        .wait_status("lock held", |s| {
+            s.lock == nodeward::agent::state::Lock::Held
+        })
+        .await;
+    agent.write_flannel();
+    wait_node(&emu, "schedulable", schedulable).await;
+    let conn = h.connection().await.expect("bus");
+    let meta: std::collections::HashMap<&str, zbus::zvariant::Value<'_>> =
+        [("type", zbus::zvariant::Value::from("power-off"))].into();
+    conn.call_method(
+        Some("org.freedesktop.login1"),
+        "/org/freedesktop/login1",
+        Some("org.freedesktop.DBus.Mock"),
+        "EmitSignal",
+        &(
+            "org.freedesktop.login1.Manager",
+            "PrepareForShutdownWithMetadata",
+            "ba{sv}",
+            vec![
+                zbus::zvariant::Value::from(true),
+                zbus::zvariant::Value::from(meta),
+            ],
+        ),
+    )
+    .await
+    .expect("EmitSignal");
+    agent
+        .wait_status("the drain waits on the budget", |s| {
+            s.draining.as_ref().is_some_and(|d| d.blocked.len() == 2)
+        })
+        .await;
+    h.emit_prepare_for_shutdown(false).await.expect("cancel");
+    wait_node(&emu, "our cordon lifted", schedulable).await;
+    let t0 = Instant::now();
+    while !agent.log_text().contains("the power-off was cancelled") {
+        assert!(t0.elapsed() < SOON, "{}", agent.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        power_off_record(&emu),
+        None,
+        "a cancelled power-off is recorded"
+    );
+    h.shutdown().await;
+}
+
 /// An operator's `nodeward drain` cordoned the node before the shutdown; the agent's shutdown
 /// drain finds that cordon (it cordons nothing itself), so a cancelled shutdown leaves it: only
 /// a cordon the agent's own write made is the agent's to lift.

@@ -576,6 +576,256 @@ async fn a_stop_is_prompt_while_the_api_server_does_not_answer() {
     );
 }
 
+/// A Node no kwok plays, as its own kubelet registered it (Ready, boot ID `boot-1`): it can be
+/// made to go off without a stand-in finishing its pods' deletions, which is the pod GC's part.
+async fn add_bare_node(cluster: &Cluster, name: &str, labels: &[(&str, &str)]) {
+    let admin = cluster.admin().await;
+    let api: Api<Node> = Api::all(admin.clone());
+    let mut n = json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}});
+    for (k, v) in labels {
+        n["metadata"]["labels"][*k] = json!(v);
+    }
+    let node: Node = serde_json::from_value(n).expect("node json");
+    api.create(&PostParams::default(), &node)
+        .await
+        .expect("create node");
+    let capacity = json!({"cpu": "32", "memory": "256Gi", "pods": "110"});
+    kubelet_says(&admin, name, "True", "boot-1", Some(capacity)).await;
+}
+
+/// The Node `node` says `Ready` = `ready` since now, with boot ID `boot` (and `capacity`, when
+/// given): what a kubelet reports, or the node lifecycle controller once it stops reporting.
+async fn kubelet_says(
+    admin: &kube::Client,
+    node: &str,
+    ready: &str,
+    boot: &str,
+    capacity: Option<serde_json::Value>,
+) {
+    let api: Api<Node> = Api::all(admin.clone());
+    let now = jiff::Timestamp::now().to_string();
+    let mut status = json!({"status": {
+        "nodeInfo": {"bootID": boot},
+        "conditions": [{"type": "Ready", "status": ready, "reason": "Test",
+            "message": "test", "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
+    if let Some(c) = capacity {
+        status["status"]["capacity"] = c.clone();
+        status["status"]["allocatable"] = c;
+    }
+    api.patch_status(node, &PatchParams::default(), &Patch::Strategic(status))
+        .await
+        .expect("the node's status");
+}
+
+fn out_of_service(n: &Node) -> bool {
+    nodeward::out_of_service::has_taint(n)
+}
+
+/// The agent's power-off record, written with `node`'s own identity (NodeRestriction lets it).
+async fn announce_power_off(cluster: &Cluster, node: &str, boot: &str) {
+    let as_node = common::client(&cluster.node_kubeconfig(node)).await;
+    let record = nodeward::out_of_service::PowerOff {
+        boot_id: boot.into(),
+        at: jiff::Timestamp::now().to_string(),
+        left_behind: Vec::new(),
+        terminating: Vec::new(),
+        tainted_at: None,
+    };
+    nodeward::out_of_service::announce(&as_node, node, &record)
+        .await
+        .expect("a node may record its power-off on its own Node");
+}
+
+/// A StatefulSet `name` of one replica on the nodes labelled `group=name`, under a budget that
+/// never opens (minAvailable 1).
+async fn stateful_set(admin: &kube::Client, name: &str) {
+    let sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": 1, "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"nodeSelector": {"group": name}, "terminationGracePeriodSeconds": 30,
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}});
+    let pdb = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}}}});
+    let pp = PatchParams::apply("test").force();
+    let sts_api: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+        Api::namespaced(admin.clone(), "default");
+    sts_api
+        .patch(name, &pp, &Patch::Apply(sts))
+        .await
+        .expect("sts");
+    let pdb_api: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(admin.clone(), "default");
+    pdb_api
+        .patch(name, &pp, &Patch::Apply(pdb))
+        .await
+        .expect("pdb");
+}
+
+/// The StatefulSet's pod `NAME-0` once `pred` holds for it (`None`: absent).
+async fn wait_pod(
+    admin: &kube::Client,
+    name: &str,
+    what: &str,
+    limit: Duration,
+    pred: impl Fn(Option<&Pod>) -> bool,
+) -> Option<Pod> {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let t0 = std::time::Instant::now();
+    loop {
+        let p = pods.get_opt(&format!("{name}-0")).await.expect("get pod");
+        if pred(p.as_ref()) {
+            return p;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "{what}: not within {limit:?}; pod: {p:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Who deleted pod `name` in `default`, in order, from the real API server's audit log.
+fn deleted_by(name: &str) -> Vec<String> {
+    let dir = std::env::var_os(common::CONTROL_PLANE_ENV).expect("a real control plane");
+    let text =
+        std::fs::read_to_string(std::path::Path::new(&dir).join("audit.log")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| {
+            let r = &e["objectRef"];
+            e["verb"] == "delete"
+                && e["stage"] == "ResponseComplete"
+                && r["resource"] == "pods"
+                && r["namespace"] == "default"
+                && r["name"] == name
+                && r["subresource"].is_null()
+        })
+        .filter_map(|e| e["user"]["username"].as_str().map(String::from))
+        .collect()
+}
+
+fn bound_to(p: Option<&Pod>, node: &str) -> bool {
+    p.and_then(|p| p.spec.as_ref()?.node_name.as_deref()) == Some(node)
+}
+
+fn running_on(p: Option<&Pod>, node: &str) -> bool {
+    bound_to(p, node) && p.and_then(|p| p.status.as_ref()?.phase.as_deref()) == Some("Running")
+}
+
+/// Issue 43, item 3, on the real control plane: a node that announced a power-off and went
+/// NotReady gets the out-of-service taint after `--out-of-service-after`; the
+/// controller-manager's taint eviction and pod GC then delete its StatefulSet pod (left behind
+/// under a budget that never opens) and the StatefulSet's replacement runs on another node. A
+/// node that went NotReady without announcing one, and one that announced but stays Ready, get
+/// nothing; a new boot ID removes the taint and the record.
+async fn a_powered_off_node_is_taken_out_of_service(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    let group = unique("oos");
+    let (off, spare, quiet, up) = (
+        format!("{group}-off"),
+        format!("{group}-spare"),
+        format!("{group}-quiet"),
+        format!("{group}-up"),
+    );
+    add_bare_node(&cluster, &off, &[("group", &group)]).await;
+    let unschedulable = json!([{"key": "test/not-yet", "effect": "NoSchedule"}]);
+    cluster
+        .add_node(&spare, &[("group", &group)], unschedulable)
+        .await;
+    add_bare_node(&cluster, &quiet, &[]).await;
+    cluster.add_node(&up, &[], json!([])).await;
+    stateful_set(&admin, &group).await;
+    let first = wait_pod(&admin, &group, "the pod bound to the node", LIMIT, |p| {
+        bound_to(p, &off)
+    })
+    .await
+    .expect("pod");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let untaint = json!({"spec": {"taints": null}});
+    nodes
+        .patch(&spare, &PatchParams::default(), &Patch::Merge(&untaint))
+        .await
+        .expect("the spare node open");
+
+    announce_power_off(&cluster, &off, "boot-1").await;
+    let up_boot = nodes
+        .get(&up)
+        .await
+        .expect("node")
+        .status
+        .and_then(|s| s.node_info);
+    let up_boot = up_boot.map(|i| i.boot_id).unwrap_or_default();
+    announce_power_off(&cluster, &up, &up_boot).await;
+    kubelet_says(&admin, &off, "False", "boot-1", None).await;
+    kubelet_says(&admin, &quiet, "False", "boot-1", None).await;
+    let t_down = std::time::Instant::now();
+    let _controller = controller(
+        &cluster,
+        &["--out-of-service", "--out-of-service-after", "5s"],
+    );
+
+    wait_node(
+        &admin,
+        &off,
+        "the out-of-service taint",
+        LIMIT,
+        out_of_service,
+    )
+    .await;
+    let tainted = t_down.elapsed();
+    let uid = first.metadata.uid.clone();
+    let limit = Duration::from_secs(120);
+    wait_pod(&admin, &group, "the old pod deleted", limit, |p| {
+        p.is_none_or(|p| p.metadata.uid != uid)
+    })
+    .await;
+    let deleted = t_down.elapsed();
+    wait_pod(
+        &admin,
+        &group,
+        "the replacement runs on the spare node",
+        limit,
+        |p| running_on(p, &spare),
+    )
+    .await;
+    let replaced = t_down.elapsed();
+    eprintln!(
+        "NotReady -> out-of-service taint {tainted:?} (after 5s), -> pod deleted {deleted:?}, -> replacement Running on {spare} {replaced:?}"
+    );
+    // Deleted by the controller-manager's taint eviction, then force-deleted by its pod GC
+    // (no kubelet finishes a deletion on a node that is off).
+    let by = deleted_by(&format!("{group}-0"));
+    let gc = "system:serviceaccount:kube-system:pod-garbage-collector";
+    assert!(
+        by.iter().any(|u| u == gc),
+        "the pod GC did not delete it: {by:?}"
+    );
+    for (n, why) in [(&quiet, "announced nothing"), (&up, "still Ready")] {
+        let node = nodes.get(n).await.expect("node");
+        assert!(!out_of_service(&node), "{n} {why}, yet tainted");
+    }
+
+    kubelet_says(&admin, &off, "False", "boot-2", None).await;
+    let back = wait_node(
+        &admin,
+        &off,
+        "the taint gone after a new boot",
+        LIMIT,
+        |n| !out_of_service(n),
+    )
+    .await;
+    assert_eq!(nodeward::out_of_service::PowerOff::of(&back), None);
+    let sts: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+        Api::namespaced(admin.clone(), "default");
+    let _ = sts.delete(&group, &Default::default()).await;
+    for n in [&off, &spare, &quiet, &up] {
+        cluster.remove_node(n).await;
+    }
+}
+
 both_backends! {
     agent_reports_and_the_controller_untaints => super::agent_reports_controller_untaints;
     continuous_mode_puts_the_taint_back => super::gate_failure_taints_again;
@@ -589,4 +839,5 @@ both_backends! {
 real_only! {
     noderestriction_refuses_the_node_identity_its_taints => super::noderestriction_refuses_a_nodes_taint_change;
     a_rotated_client_certificate_is_read_without_a_restart => super::rotated_client_certificate_is_read;
+    a_powered_off_node_is_taken_out_of_service => super::a_powered_off_node_is_taken_out_of_service;
 }

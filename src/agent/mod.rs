@@ -199,6 +199,10 @@ pub async fn run(settings: Settings, node: String, api: ApiAccess) -> Result<(),
         .enabled
         .then(|| (settings.clone(), client.clone(), kubeconfig.clone()));
     let mut agent = Agent::new(settings, node.clone(), client, kubeconfig);
+    // On its own connection: a monitor can send nothing, and the agent's bus must.
+    let (calls, called) = tokio::sync::watch::channel(None);
+    let _monitor = crate::task::AbortOnDrop(tokio::spawn(logind::monitor::run(calls)));
+    agent.logind.called = called;
     // Coordinated reboots run beside the agent's own loop, on their own client and passes: a
     // slow drain before a reboot never delays the answer to logind.
     let _reboot = reboot.map(|(settings, client, kubeconfig)| {
@@ -408,6 +412,9 @@ struct LogindLink {
     /// drops the drain before its report; [`Agent::reconcile`] moves it into
     /// [`Known::own_cordon`].
     cordoned: std::sync::Arc<AtomicBool>,
+    /// The last call to logind asking for a shutdown, as the bus monitor
+    /// ([`logind::monitor`]) saw it: the kind of a shutdown systemd 252 does not name.
+    called: tokio::sync::watch::Receiver<Option<logind::monitor::Called>>,
 }
 
 /// What the agent tells the operator: systemd's STATUS= line, the status file `nodeward status`
@@ -456,6 +463,7 @@ impl Agent {
                 cap_fix_tried: false,
                 drain_unit: None,
                 cordoned: std::sync::Arc::default(),
+                called: tokio::sync::watch::channel(None).1,
             },
             known: Known::new(gates, Instant::now()),
         }

@@ -2,7 +2,17 @@
 //! retrying only what trying again can fix, and releasing the lock when done.
 
 use super::*;
+use crate::out_of_service::{self, PowerOff};
 use crate::systemd::{DRAIN_UNIT, Systemd};
+
+/// The power-off record's write may take this long past the drain's deadline (at most half the
+/// safety margin, which is what remains of logind's cap): one small patch.
+const ANNOUNCE_TIME: Duration = Duration::from_secs(2);
+
+/// How long a shutdown logind did not name waits for the monitor's copy of the call that asked
+/// for it: both leave the bus together, so milliseconds; a quarter second even on an emulated
+/// CPU, taken from the drain only when no call was seen at all (a power button, no monitor).
+const CALL_WAIT: Duration = Duration::from_millis(250);
 
 impl Agent {
     /// What logind said at `at` (when the signal arrived).
@@ -26,11 +36,12 @@ impl Agent {
                     // The second of the two signals systemd 255+ sends for one shutdown.
                     return None;
                 }
-                let kind = match (kind, &self.logind.conn) {
-                    (Some(k), _) => k,
-                    (None, Some(l)) => l.preparing_kind().await,
-                    (None, None) => ShutdownKind::Unknown,
+                let metadata = match (kind, &self.logind.conn) {
+                    (Some(k), _) => Some(k),
+                    (None, Some(l)) => Some(l.preparing_kind().await),
+                    (None, None) => None,
                 };
+                let kind = self.shutdown_kind(metadata).await;
                 self.start_shutdown(kind, at)
             }
             LogindEvent::PrepareForShutdown { start: false, .. } => {
@@ -53,6 +64,26 @@ impl Agent {
                 None
             }
         }
+    }
+
+    /// The kind of the shutdown just announced ([`logind::monitor::decide_kind`]). Where logind
+    /// does not name it, the call that asked for it does: the monitor's copy of that call and
+    /// logind's signal come on two connections, so a signal read first waits up to
+    /// [`CALL_WAIT`] for the call.
+    async fn shutdown_kind(&mut self, metadata: Option<ShutdownKind>) -> ShutdownKind {
+        let decide = |c: &Option<logind::monitor::Called>| {
+            logind::monitor::decide_kind(metadata, c.as_ref(), jiff::Timestamp::now())
+        };
+        let mut kind = decide(&self.logind.called.borrow_and_update());
+        if kind == ShutdownKind::Unknown {
+            let called = &mut self.logind.called;
+            if let Ok(Ok(())) = tokio::time::timeout(CALL_WAIT, called.changed()).await {
+                kind = decide(&called.borrow_and_update());
+            }
+        }
+        let called = self.logind.called.borrow().clone();
+        info!(?metadata, ?called, ?kind, "shutdown kind decided");
+        kind
     }
 
     /// Starts the shutdown logind announced at `announced`, from which its deadline runs.
@@ -94,10 +125,18 @@ impl Agent {
         opts.progress = Some(std::sync::Arc::new(progress));
         self.report.drain_progress = Some(watching);
         let (stop, stopping) = tokio::sync::watch::channel(false);
+        let cancelled = stopping.clone();
         opts.stop = Some(stopping);
         self.report.drain_stop = Some(stop);
         let until = announced + deadline;
-        Some(match policy {
+        let by = until + ANNOUNCE_TIME.min(s.shutdown.safety_margin / 2);
+        let record = (kind == ShutdownKind::PowerOff).then(|| Recording {
+            client: client.clone(),
+            node: node.clone(),
+            by,
+            cancelled,
+        });
+        let drain: DrainFuture = match policy {
             ShutdownPolicy::Nothing => {
                 Box::pin(async move { outcome(ShutdownOutcome::NothingToDo) })
             }
@@ -130,6 +169,10 @@ impl Agent {
                 .await
                 .map_or_else(outcome, |r| report_summary(&r))
             }),
+        };
+        Some(match record {
+            Some(r) => with_record(drain, r),
+            None => drain,
         })
     }
 
@@ -272,9 +315,85 @@ pub(super) fn report_summary(r: &crate::drain::DrainReport) -> DrainSummary {
         evicted: r.evicted.len(),
         deleted_past_budgets: r.force_deleted.iter().map(ToString::to_string).collect(),
         left_behind: r.left_behind.iter().map(ToString::to_string).collect(),
+        terminating: terminating(r),
         refused: r.refused.iter().map(|(p, _)| p.to_string()).collect(),
         ..outcome(r.outcome.into())
     }
+}
+
+/// The pods of `r` whose objects stay Terminating once the kubelet is gone: those whose
+/// containers had stopped and those deleted past their budgets, each once.
+fn terminating(r: &crate::drain::DrainReport) -> Vec<String> {
+    let mut pods: Vec<String> = r
+        .stopped
+        .iter()
+        .chain(&r.force_deleted)
+        .map(ToString::to_string)
+        .collect();
+    pods.sort();
+    pods.dedup();
+    pods
+}
+
+/// Where and by when a power-off's record is written.
+struct Recording {
+    client: kube::Client,
+    node: String,
+    /// Written by then (within logind's cap), or not at all.
+    by: Instant,
+    /// True once the shutdown was cancelled: then there is nothing to record.
+    cancelled: tokio::sync::watch::Receiver<bool>,
+}
+
+/// At a power-off, `drain` followed by the [`PowerOff`] record on the Node, written by `r.by`
+/// before the future ends and the lock goes. Not for a shutdown cancelled meanwhile (the node
+/// stays up), and not without a boot ID (the controller could not tell the next boot from this).
+fn with_record(drain: DrainFuture, r: Recording) -> DrainFuture {
+    let Recording {
+        client,
+        node,
+        by,
+        cancelled,
+    } = r;
+    Box::pin(async move {
+        let summary = drain.await;
+        if *cancelled.borrow() {
+            info!(
+                node,
+                "the power-off was cancelled: nothing recorded on the Node"
+            );
+            return summary;
+        }
+        let Some(boot_id) = crate::reboot::boot_id() else {
+            warn!(
+                node,
+                "cannot read this boot's ID; the power-off is not recorded on the Node (no out-of-service taint)"
+            );
+            return summary;
+        };
+        let record = PowerOff {
+            boot_id,
+            at: jiff::Timestamp::now().to_string(),
+            left_behind: summary.left_behind.clone(),
+            terminating: summary.terminating.clone(),
+            tainted_at: None,
+        };
+        match tokio::time::timeout_at(by, out_of_service::announce(&client, &node, &record)).await {
+            Ok(Ok(())) => info!(
+                node,
+                left_behind = record.left_behind.len(),
+                terminating = record.terminating.len(),
+                annotation = crate::names::POWER_OFF,
+                "power-off recorded on the Node"
+            ),
+            Ok(Err(e)) => warn!(node, error = %e, "cannot record the power-off on the Node"),
+            Err(_) => warn!(
+                node,
+                "the power-off's record was not written in time; releasing the lock"
+            ),
+        }
+        summary
+    })
 }
 
 /// Runs `attempt` (given the time left) until it succeeds or `until`, retrying only errors that

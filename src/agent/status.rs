@@ -57,6 +57,11 @@ pub struct DrainSummary {
     pub deleted_past_budgets: Vec<String>,
     /// Pods still there at the end.
     pub left_behind: Vec<String>,
+    /// Pods evicted or deleted whose containers stopped while their objects were still there:
+    /// they stay Terminating once the kubelet is gone (absent from files written before they
+    /// were counted).
+    #[serde(default)]
+    pub terminating: Vec<String>,
     /// Pods refused.
     pub refused: Vec<String>,
     /// Milliseconds from the signal to the lock's release.
@@ -75,6 +80,7 @@ impl DrainSummary {
             evicted: 0,
             deleted_past_budgets: Vec::new(),
             left_behind: Vec::new(),
+            terminating: Vec::new(),
             refused: Vec::new(),
             elapsed_ms: 0,
         }

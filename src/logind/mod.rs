@@ -9,6 +9,7 @@
 //! declares `InhibitDelayMaxUSec` constant yet changes it on reload).
 
 pub mod client;
+pub mod monitor;
 
 use std::time::Duration;
 

@@ -22,8 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::Api;
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{info, warn};
@@ -37,6 +38,11 @@ pub struct Options {
     pub mode: Mode,
     /// Log what would change, change nothing.
     pub dry_run: bool,
+    /// With `Some(after)`, the out-of-service taint goes on a node that announced a power-off and
+    /// has been NotReady for `after` ([`crate::out_of_service`]); `None`: off (the default).
+    pub out_of_service: Option<Duration>,
+    /// The out-of-service changes written.
+    pub metrics: Arc<super::metrics::ControllerMetrics>,
 }
 
 /// How often the whole cache is walked again, so a write that failed (API server unavailable,
@@ -55,7 +61,8 @@ pub async fn run(
         .default_backoff()
         .reflect(writer)
         .boxed();
-    info!(mode = ?opts.mode, dry_run = opts.dry_run, "readiness controller starting");
+    let recorder = crate::events::recorder(&client, "nodeward-controller", None);
+    info!(mode = ?opts.mode, dry_run = opts.dry_run, out_of_service_after = ?opts.out_of_service, "readiness controller starting");
     tokio::pin!(shutdown);
     let mut resync = tokio::time::interval(RESYNC);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -87,8 +94,8 @@ pub async fn run(
         };
         let done = async {
             match work {
-                Work::Act(n) => act(&client, &n, &opts).await,
-                Work::CatchUp => catch_up(&client, &store, &opts).await,
+                Work::Act(n) => act(&client, &recorder, &n, &opts).await,
+                Work::CatchUp => catch_up(&client, &recorder, &store, &opts).await,
             }
         };
         // The signal drops a write in flight: an API server that does not answer must not hold
@@ -111,14 +118,82 @@ enum Work {
     CatchUp,
 }
 
-async fn catch_up(client: &kube::Client, store: &Store<Node>, opts: &Options) {
+async fn catch_up(client: &kube::Client, recorder: &Recorder, store: &Store<Node>, opts: &Options) {
     let nodes: Vec<Arc<Node>> = store.state();
     for n in nodes {
-        act(client, &n, opts).await;
+        act(client, recorder, &n, opts).await;
     }
 }
 
-async fn act(client: &kube::Client, n: &Node, opts: &Options) {
+async fn act(client: &kube::Client, recorder: &Recorder, n: &Node, opts: &Options) {
+    startup_taint(client, n, opts).await;
+    if let Some(after) = opts.out_of_service {
+        out_of_service(client, recorder, n, after, opts).await;
+    }
+}
+
+/// The out-of-service taint of `n` ([`crate::out_of_service::decide`]), with an Event on the
+/// Node and the metric for every change written.
+async fn out_of_service(
+    client: &kube::Client,
+    recorder: &Recorder,
+    n: &Node,
+    after: Duration,
+    opts: &Options,
+) {
+    use crate::out_of_service::{Change, PowerOff, decide, reconcile};
+    let Some(change) = decide(n, after, jiff::Timestamp::now()) else {
+        return;
+    };
+    let name = n.metadata.name.as_deref().unwrap_or_default();
+    if opts.dry_run {
+        info!(node = name, %change, "dry run: would change the out-of-service taint");
+        return;
+    }
+    let change = match reconcile(client, name, after, Some(n.clone())).await {
+        Ok(Some(c)) => c,
+        Ok(None) => return,
+        Err(e) => {
+            warn!(node = name, error = %e, "cannot change the out-of-service taint");
+            return;
+        }
+    };
+    opts.metrics.changed(change);
+    let record = PowerOff::of(n);
+    let left = record
+        .as_ref()
+        .map_or(0, |r| r.left_behind.len() + r.terminating.len());
+    let (reason, note) = match change {
+        Change::Taint => ("OutOfServiceTainted", format!("announced a power-off and NotReady for {after:?}: {OUT_OF_SERVICE} added, so its {left} pods left behind or terminating are deleted and their volumes detached")),
+        Change::Clear { untaint: true } => ("OutOfServiceUntainted", format!("back (a new boot, or Ready again): {OUT_OF_SERVICE} and the power-off record removed")),
+        Change::Clear { untaint: false } => ("PowerOffRecordCleared", "back (a new boot, or Ready again) before any out-of-service taint of nodeward's: the power-off record removed".to_string()),
+    };
+    info!(node = name, %change, reason, "out-of-service changed");
+    crate::events::publish(
+        recorder,
+        &node_ref(name),
+        EventType::Normal,
+        reason,
+        "OutOfService",
+        note,
+    )
+    .await;
+}
+
+/// The out-of-service taint, as Events name it.
+const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute";
+
+fn node_ref(name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.into()),
+        ..ObjectReference::default()
+    }
+}
+
+/// The startup taint of `n` ([`decide`]).
+async fn startup_taint(client: &kube::Client, n: &Node, opts: &Options) {
     let Some(change) = decide(n, opts.mode) else {
         return;
     };

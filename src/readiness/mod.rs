@@ -14,6 +14,7 @@
 //! the one guarded read-modify-write of the startup taint.
 
 pub mod controller;
+pub mod metrics;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use serde_json::json;

@@ -1,0 +1,126 @@
+//! The two writes: the agent's record before a power-off, and the controller's taint.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch};
+use serde_json::json;
+
+use super::{Change, PowerOff, decide, is_taint};
+use crate::names::{
+    OUT_OF_SERVICE_TAINT_EFFECT, OUT_OF_SERVICE_TAINT_KEY, OUT_OF_SERVICE_TAINT_VALUE, POWER_OFF,
+};
+use crate::node_write::{self, NodeWrite, WriteError};
+
+/// Errors writing a Node.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API call failed.
+    #[error("cannot {action} node {node}: {source}")]
+    Api {
+        /// The node.
+        node: String,
+        /// What was being done.
+        action: &'static str,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Another writer kept changing the Node.
+    #[error(
+        "node {node} kept changing under us ({} conflicting writes)",
+        node_write::ATTEMPTS
+    )]
+    Conflict {
+        /// The node.
+        node: String,
+    },
+}
+
+/// The agent, before it lets a power-off go on: writes `record` on its own Node (a merge patch
+/// of one annotation, which NodeRestriction lets a node's identity make).
+#[tracing::instrument(skip(client, record), err)]
+pub async fn announce(client: &kube::Client, node: &str, record: &PowerOff) -> Result<(), Error> {
+    let text = serde_json::to_string(record).unwrap_or_default();
+    let patch = json!({"metadata": {"annotations": {POWER_OFF: text}}});
+    Api::<Node>::all(client.clone())
+        .patch(node, &node_write::patch_params(), &Patch::Merge(&patch))
+        .await
+        .map_err(|source| Error::Api {
+            node: node.into(),
+            action: "record the power-off on",
+            source,
+        })?;
+    Ok(())
+}
+
+/// The controller: decides about `node` ([`decide`], NotReady for `after`) at every read, the
+/// first from `current` (its cache) and after a conflict from a fresh one, and writes the change
+/// guarded by the read resourceVersion (the taint list is replaced whole, so another writer's
+/// taint is never dropped). Returns the change written, if any.
+pub async fn reconcile(
+    client: &kube::Client,
+    node: &str,
+    after: Duration,
+    current: Option<Node>,
+) -> Result<Option<Change>, Error> {
+    let written = node_write::write_guarded(client, node, "patch", current, |n| {
+        let now = jiff::Timestamp::now();
+        let Some(change) = decide(n, after, now) else {
+            return Ok::<_, std::convert::Infallible>(NodeWrite::Done(None));
+        };
+        Ok(NodeWrite::Patch(patch_for(n, change, now), Some(change)))
+    })
+    .await;
+    match written {
+        Ok((_, change)) => Ok(change),
+        Err(WriteError::Api { action, source }) => Err(Error::Api {
+            node: node.into(),
+            action,
+            source,
+        }),
+        Err(WriteError::Conflict) => Err(Error::Conflict { node: node.into() }),
+        Err(WriteError::Refused(never)) => match never {},
+    }
+}
+
+/// The merge patch that makes `change` on `n` at `now`.
+pub(super) fn patch_for(n: &Node, change: Change, now: jiff::Timestamp) -> serde_json::Value {
+    let mut taints: Vec<Taint> = n
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let list = |taints: Vec<Taint>| {
+        if taints.is_empty() {
+            serde_json::Value::Null
+        } else {
+            json!(taints)
+        }
+    };
+    match change {
+        Change::Taint => {
+            taints.push(Taint {
+                key: OUT_OF_SERVICE_TAINT_KEY.into(),
+                value: Some(OUT_OF_SERVICE_TAINT_VALUE.into()),
+                effect: OUT_OF_SERVICE_TAINT_EFFECT.to_string(),
+                time_added: Some(Time(now)),
+            });
+            let record = PowerOff::of(n).map(|mut r| {
+                r.tainted_at = Some(now.to_string());
+                serde_json::to_string(&r).unwrap_or_default()
+            });
+            json!({"metadata": {"annotations": {POWER_OFF: record}},
+                   "spec": {"taints": list(taints)}})
+        }
+        Change::Clear { untaint } => {
+            let mut patch = json!({"metadata": {"annotations": {POWER_OFF: null}}});
+            if untaint {
+                taints.retain(|t| !is_taint(t));
+                patch["spec"] = json!({"taints": list(taints)});
+            }
+            patch
+        }
+    }
+}
