@@ -117,17 +117,8 @@ impl Agent {
         };
         let node = self.node.clone();
         let exclude_lb = s.drain.exclude_from_load_balancers;
-        let mut opts = crate::drain::DrainOptions::for_leaving_node(&s.drain, reason.clone(), true);
-        opts.metrics = Some(self.report.metrics.drain.clone());
         let cordoned = self.logind.cordoned.clone();
-        opts.cordoned = Some(cordoned.clone());
-        let (progress, watching) = tokio::sync::watch::channel(None);
-        opts.progress = Some(std::sync::Arc::new(progress));
-        self.report.drain_progress = Some(watching);
-        let (stop, stopping) = tokio::sync::watch::channel(false);
-        let cancelled = stopping.clone();
-        opts.stop = Some(stopping);
-        self.report.drain_stop = Some(stop);
+        let (opts, cancelled) = self.shutdown_drain_options(&s.drain, &reason);
         let until = announced + deadline;
         let by = until + ANNOUNCE_TIME.min(s.shutdown.safety_margin / 2);
         let record = (kind == ShutdownKind::PowerOff).then(|| Recording {
@@ -152,28 +143,36 @@ impl Agent {
                     outcome(ShutdownOutcome::Cordoned)
                 })
             }),
-            ShutdownPolicy::Drain => Box::pin(async move {
-                let mut opts = opts;
-                let left = until.saturating_duration_since(Instant::now());
-                opts.cluster_shutdown = cluster_shutdown_recorded(&client, left / 10).await;
-                if opts.cluster_shutdown {
-                    info!(node = %node, "a cluster shutdown is recorded: the drain waits on no budget");
-                }
-                retry_until(&node, until, "drain", |left| {
-                    let mut o = opts.clone();
-                    (o.timeout, o.ending) = drain_budget(left);
-                    let client = client.clone();
-                    let node = node.clone();
-                    async move { crate::drain::drain(&client, &node, &o).await }
-                })
-                .await
-                .map_or_else(outcome, |r| report_summary(&r))
-            }),
+            ShutdownPolicy::Drain => Box::pin(drain_leaving(client, node, until, opts)),
         };
         Some(match record {
             Some(r) => with_record(drain, r),
             None => drain,
         })
+    }
+
+    /// The shutdown drain's options: the `[drain]` settings for a leaving node, wired to the
+    /// agent's metrics, status (the drain's progress, its stop) and cordon flag; with a receiver
+    /// that turns `true` when the shutdown is cancelled.
+    fn shutdown_drain_options(
+        &mut self,
+        drain: &crate::config::DrainSettings,
+        reason: &str,
+    ) -> (
+        crate::drain::DrainOptions,
+        tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut opts = crate::drain::DrainOptions::for_leaving_node(drain, reason, true);
+        opts.metrics = Some(self.report.metrics.drain.clone());
+        opts.cordoned = Some(self.logind.cordoned.clone());
+        let (progress, watching) = tokio::sync::watch::channel(None);
+        opts.progress = Some(std::sync::Arc::new(progress));
+        self.report.drain_progress = Some(watching);
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let cancelled = stopping.clone();
+        opts.stop = Some(stopping);
+        self.report.drain_stop = Some(stop);
+        (opts, cancelled)
     }
 
     /// Stops nodeward-drain.service (when armed) as the shutdown drain starts. Its ExecStop then
@@ -436,4 +435,28 @@ where
             Err(_) => return Err(ShutdownOutcome::DeadlineExceeded(last_error)),
         }
     }
+}
+
+/// The shutdown drain of `node` until `until`, retried while time is left: without budget waits
+/// when a cluster shutdown is recorded (asked for at most a tenth of the time left).
+async fn drain_leaving(
+    client: kube::Client,
+    node: String,
+    until: Instant,
+    mut opts: crate::drain::DrainOptions,
+) -> DrainSummary {
+    let left = until.saturating_duration_since(Instant::now());
+    opts.cluster_shutdown = cluster_shutdown_recorded(&client, left / 10).await;
+    if opts.cluster_shutdown {
+        info!(node = %node, "a cluster shutdown is recorded: the drain waits on no budget");
+    }
+    retry_until(&node, until, "drain", |left| {
+        let mut o = opts.clone();
+        (o.timeout, o.ending) = drain_budget(left);
+        let client = client.clone();
+        let node = node.clone();
+        async move { crate::drain::drain(&client, &node, &o).await }
+    })
+    .await
+    .map_or_else(outcome, |r| report_summary(&r))
 }
