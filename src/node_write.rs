@@ -160,3 +160,38 @@ mod tests {
         );
     }
 }
+
+/// Errors writing a Node, as the readiness gate and the out-of-service record say them.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The API call failed.
+    #[error("cannot {action} node {node}: {source}")]
+    Api {
+        /// The node.
+        node: String,
+        /// What was being done.
+        action: &'static str,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Another writer kept changing the Node.
+    #[error("node {node} kept changing under us ({ATTEMPTS} conflicting writes)")]
+    Conflict {
+        /// The node.
+        node: String,
+    },
+}
+
+impl NodeError {
+    /// The HTTP status the API answered, if it answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Self::Api {
+                source: kube::Error::Api(s),
+                ..
+            } => Some(s.code),
+            Self::Api { .. } | Self::Conflict { .. } => None,
+        }
+    }
+}

@@ -13,30 +13,8 @@ use crate::names::{
 };
 use crate::node_write::{self, NodeWrite, WriteError};
 
-/// Errors writing a Node.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The API call failed.
-    #[error("cannot {action} node {node}: {source}")]
-    Api {
-        /// The node.
-        node: String,
-        /// What was being done.
-        action: &'static str,
-        /// The client's error.
-        #[source]
-        source: kube::Error,
-    },
-    /// Another writer kept changing the Node.
-    #[error(
-        "node {node} kept changing under us ({} conflicting writes)",
-        node_write::ATTEMPTS
-    )]
-    Conflict {
-        /// The node.
-        node: String,
-    },
-}
+/// Errors writing the Node: [`crate::node_write::NodeError`], shared with every Node writer.
+pub use crate::node_write::NodeError as Error;
 
 /// The agent, before it lets a power-off go on: writes `record` on its own Node (a merge patch
 /// of one annotation, which NodeRestriction lets a node's identity make).

@@ -174,43 +174,8 @@ fn is_startup_taint(t: &Taint) -> bool {
     crate::names::is_startup_taint_key(&t.key) && t.effect == STARTUP_TAINT_EFFECT.as_str()
 }
 
-/// Errors writing the Node.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The API call failed.
-    #[error("cannot {action} node {node}: {source}")]
-    Api {
-        /// The node.
-        node: String,
-        /// What was being done.
-        action: &'static str,
-        /// The client's error.
-        #[source]
-        source: kube::Error,
-    },
-    /// Another writer kept changing the Node.
-    #[error(
-        "node {node} kept changing under us ({} conflicting writes)",
-        node_write::ATTEMPTS
-    )]
-    Conflict {
-        /// The node.
-        node: String,
-    },
-}
-
-impl Error {
-    /// The HTTP status the API answered, if it answered.
-    pub fn code(&self) -> Option<u16> {
-        match self {
-            Error::Api {
-                source: kube::Error::Api(s),
-                ..
-            } => Some(s.code),
-            _ => None,
-        }
-    }
-}
+/// Errors writing the Node: [`crate::node_write::NodeError`], shared with every Node writer.
+pub use crate::node_write::NodeError as Error;
 
 /// Adds (`add`) or removes the startup taint, starting from `current` when the caller has a
 /// fresh copy (else it reads the Node); returns the Node as it now is and whether this call
