@@ -1,5 +1,6 @@
 //! The small HTTP server behind every metrics endpoint nodeward has (the scaler's, the agent's):
-//! `GET /metrics` and `GET /healthz`.
+//! `GET /metrics`, `GET /healthz` (the process's loop turns) and `GET /readyz` (it can do its
+//! work: for the readiness controller, once it has listed the nodes).
 //!
 //! It is hyper's HTTP/1 connection handler (already in the binary for the kube client), one
 //! request per connection, with a deadline on the request head and on the whole connection, so a
@@ -26,6 +27,49 @@ pub trait Exposition: Send + Sync + 'static {
     fn unhealthy(&self) -> Option<String> {
         None
     }
+    /// Why `/readyz` answers 503, or `None` for 200. By default, ready while healthy.
+    fn not_ready(&self) -> Option<String> {
+        self.unhealthy()
+    }
+}
+
+/// Whether a loop makes progress: it beats once per turn; `/healthz` answers 503 (and the
+/// scaler's systemd watchdog goes unfed) once the last beat is older than `stall_after`.
+#[derive(Debug)]
+pub struct Liveness {
+    last_beat: std::sync::Mutex<std::time::Instant>,
+    stall_after: std::sync::Mutex<Duration>,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self {
+            last_beat: std::sync::Mutex::new(std::time::Instant::now()),
+            stall_after: std::sync::Mutex::new(Duration::from_secs(300)),
+        }
+    }
+}
+
+impl Liveness {
+    /// The loop made progress now.
+    pub fn beat(&self) {
+        *lock(&self.last_beat) = std::time::Instant::now();
+    }
+
+    /// How long a turn of the loop may take before it counts as stalled.
+    pub fn set_stall_after(&self, d: Duration) {
+        *lock(&self.stall_after) = d;
+    }
+
+    /// How long since the last beat, if that is longer than allowed.
+    pub fn stalled(&self) -> Option<Duration> {
+        let since = lock(&self.last_beat).elapsed();
+        (since > *lock(&self.stall_after)).then_some(since)
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The request head must arrive within this: a scraper sends it at once.
@@ -38,6 +82,10 @@ fn respond(exposition: &dyn Exposition, path: &str) -> Response<String> {
     let (status, body) = match path {
         "/metrics" => (StatusCode::OK, exposition.metrics()),
         "/healthz" => match exposition.unhealthy() {
+            None => (StatusCode::OK, "ok\n".to_string()),
+            Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+        },
+        "/readyz" => match exposition.not_ready() {
             None => (StatusCode::OK, "ok\n".to_string()),
             Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
         },
@@ -127,7 +175,7 @@ pub async fn serve(
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A fixed exposition: `leader 1`, healthy unless told otherwise.
+    /// A fixed exposition: `leader 1`, healthy (and so ready) unless told otherwise.
     struct Fixed(Option<String>);
 
     impl super::Exposition for Fixed {
@@ -145,6 +193,12 @@ mod tests {
         let r = super::respond(&Fixed(Some("stalled\n".into())), "/healthz");
         assert_eq!(r.status(), 503);
         assert_eq!(r.body(), "stalled\n");
+        assert_eq!(
+            super::respond(&Fixed(Some("stalled\n".into())), "/readyz").status(),
+            503,
+            "not ready while unhealthy, by default"
+        );
+        assert_eq!(super::respond(&Fixed(None), "/readyz").status(), 200);
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub async fn run(
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut synced = false;
     loop {
+        // /healthz: the loop turns (a resync every RESYNC once synced, a retry before).
+        opts.metrics.liveness.beat();
         let work = tokio::select! {
             () = &mut shutdown => break,
             _ = resync.tick(), if synced => Work::CatchUp,
@@ -82,6 +84,7 @@ pub async fn run(
                         crate::systemd::notify(&[sd_notify::NotifyState::Ready]);
                     }
                     synced = true;
+                    opts.metrics.synced.set(1);
                     Work::CatchUp
                 }
                 Some(Ok(_)) => continue,
@@ -207,9 +210,11 @@ async fn startup_taint(client: &kube::Client, n: &Node, opts: &Options) {
     }
     match reconcile_startup_taint(client, name, opts.mode, Some(n.clone())).await {
         Ok(Some(TaintChange::Add)) => {
+            opts.metrics.taint_changed(TaintChange::Add);
             warn!(node = name, condition = %message, "node reports not ready; put the startup taint back");
         }
-        Ok(_) => {}
+        Ok(Some(TaintChange::Remove)) => opts.metrics.taint_changed(TaintChange::Remove),
+        Ok(None) => {}
         Err(e) => warn!(node = name, error = %e, "cannot change the startup taint"),
     }
 }

@@ -436,7 +436,7 @@ pub(crate) fn token_expiry(s: &ScalerSettings, now: Timestamp) -> Timestamp {
 
 /// Sends systemd `WATCHDOG=1` every half `period` while the loop makes progress, so a scaler
 /// whose loop or runtime hangs is killed and restarted (`WatchdogSec=`, `Restart=on-failure`).
-async fn feed_watchdog(liveness: &metrics::Liveness, period: Duration) {
+async fn feed_watchdog(liveness: &crate::metrics_http::Liveness, period: Duration) {
     let mut tick = tokio::time::interval(period / 2);
     let mut said = false;
     loop {
