@@ -77,3 +77,26 @@ prometheus_cmd() {
   fi
   printf '%s\n' "${bin_dir}/${name}"
 }
+
+# helm_cmd: prints the path of helm HELM_VERSION, first building it from the helm.sh/helm/v3 Go
+# module into ~/.cache/nodeward/helm-HELM_VERSION/ unless it is there (cold about 2.5 min on 2
+# cores). The ldflags are those of Helm's Makefile: without them its built-in Kubernetes version is
+# 1.20, and `helm template`/`lint` refuse the chart's kubeVersion (>=1.30).
+HELM_VERSION=v3.22.0
+HELM_K8S_MINOR=37
+helm_cmd() {
+  local bin_dir="${XDG_CACHE_HOME:-${HOME}/.cache}/nodeward/helm-${HELM_VERSION}-k8s1.${HELM_K8S_MINOR}"
+  if [ ! -x "${bin_dir}/helm" ]; then
+    command -v go >/dev/null || die "go not found: install Go 1.26+ (helm is built from the helm.sh/helm/v3 Go module)"
+    echo "building helm ${HELM_VERSION} (cached in ${bin_dir})" >&2
+    mkdir -p "${bin_dir}"
+    local flags="-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+    local pkg
+    for pkg in pkg/lint/rules pkg/chartutil; do
+      flags+=" -X helm.sh/helm/v3/${pkg}.k8sVersionMajor=1 -X helm.sh/helm/v3/${pkg}.k8sVersionMinor=${HELM_K8S_MINOR}"
+    done
+    GOBIN="${bin_dir}" go install -ldflags "${flags}" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" >&2 \
+      || die "cannot build helm from helm.sh/helm/v3@${HELM_VERSION}"
+  fi
+  printf '%s\n' "${bin_dir}/helm"
+}
