@@ -231,6 +231,10 @@ pub struct ScalerArgs {
     /// Kubeconfig to use (default: scaler.kubeconfig, else KUBECONFIG / ~/.kube/config / in-cluster).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    /// Serve /metrics, /healthz and /readyz on this address instead of scaler.metrics_address
+    /// (the Deployment's probes and Service use it).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 /// `nodeward controller` arguments.
@@ -301,6 +305,27 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// The Deployment's probes depend on the scaler listening where its command says.
+    #[test]
+    fn the_scaler_takes_a_metrics_address_and_refuses_a_bad_one() {
+        let parse = |addr: &str| {
+            Cli::try_parse_from(["nodeward", "scaler", "--metrics-address", addr]).map(|cli| {
+                match cli.command {
+                    Command::Scaler(s) => s.metrics_address,
+                    other => panic!("not scaler: {other:?}"),
+                }
+            })
+        };
+        assert_eq!(
+            parse("0.0.0.0:8085").expect("parses"),
+            Some(std::net::SocketAddr::from(([0, 0, 0, 0], 8085)))
+        );
+        let err = parse("8085")
+            .expect_err("a port alone is refused")
+            .to_string();
+        assert!(err.contains("--metrics-address"), "{err}");
     }
 
     /// kubectl drain's boolean flags: bare means yes, `=false` says no, absent leaves the config's.

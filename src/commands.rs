@@ -542,6 +542,9 @@ async fn scaler(config: Option<&Path>, args: ScalerArgs) -> anyhow::Result<u8> {
     for spec in &args.nodes {
         crate::scaler::apply_nodes_flag(&mut settings.scaler, spec)?;
     }
+    if let Some(addr) = args.metrics_address {
+        settings.scaler.metrics_address = Some(addr);
+    }
     // systemd's LoadCredential= (nodeward-scaler.service) and the Deployment's Secret mount both
     // put the provider token in $CREDENTIALS_DIRECTORY/scaler-token.
     if settings.scaler.cherry.token_file.is_none()

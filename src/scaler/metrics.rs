@@ -1,7 +1,6 @@
 //! The scaler's Prometheus metrics and its liveness (`/healthz`); [`crate::metrics_http`]
 //! serves them.
 
-
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

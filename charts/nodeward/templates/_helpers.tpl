@@ -100,15 +100,10 @@ readinessProbe:
   periodSeconds: 10
 {{- end }}
 
-{{/* The scaler ConfigMap's data: the user's config, the chart's metrics drop-in, the values and
-the worker template (the shipped one by default, through .Files.Get: never templated by Helm). */}}
+{{/* The scaler ConfigMap's data: the user's config, the values and the worker template (the shipped one by default, through .Files.Get: never templated by Helm). */}}
 {{- define "nodeward.scalerConfig" -}}
 config.toml: |
   {{- .Values.scaler.config | nindent 2 }}
-90-metrics.toml: |
-  # Set by the chart (scaler.metricsPort): the probes and the Service use this port.
-  [scaler]
-  metrics_address = "0.0.0.0:{{ .Values.scaler.metricsPort }}"
 scaler-values.toml: |
   {{- .Values.scaler.values | nindent 2 }}
 worker.yaml.tera: |
