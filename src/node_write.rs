@@ -97,6 +97,21 @@ pub enum WriteError<E> {
     Refused(E),
 }
 
+impl WriteError<std::convert::Infallible> {
+    /// The error of a write whose decision never refuses, as [`NodeError`] says it of `node`.
+    pub fn for_node(self, node: &str) -> NodeError {
+        match self {
+            Self::Api { action, source } => NodeError::Api {
+                node: node.into(),
+                action,
+                source,
+            },
+            Self::Conflict => NodeError::Conflict { node: node.into() },
+            Self::Refused(never) => match never {},
+        }
+    }
+}
+
 /// Reads `node` (or starts from `current`, a fresh copy the caller holds), lets `decide` choose,
 /// and applies its merge patch guarded by the read resourceVersion, up to [`ATTEMPTS`] times.
 /// Returns the Node as it now is and the decision's answer.

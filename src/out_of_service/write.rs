@@ -11,7 +11,7 @@ use super::{Change, PowerOff, decide, is_taint};
 use crate::names::{
     OUT_OF_SERVICE_TAINT_EFFECT, OUT_OF_SERVICE_TAINT_KEY, OUT_OF_SERVICE_TAINT_VALUE, POWER_OFF,
 };
-use crate::node_write::{self, NodeWrite, WriteError};
+use crate::node_write::{self, NodeWrite};
 
 /// Errors writing the Node: [`crate::node_write::NodeError`], shared with every Node writer.
 pub use crate::node_write::NodeError as Error;
@@ -53,13 +53,7 @@ pub async fn reconcile(
     .await;
     match written {
         Ok((_, change)) => Ok(change),
-        Err(WriteError::Api { action, source }) => Err(Error::Api {
-            node: node.into(),
-            action,
-            source,
-        }),
-        Err(WriteError::Conflict) => Err(Error::Conflict { node: node.into() }),
-        Err(WriteError::Refused(never)) => match never {},
+        Err(e) => Err(e.for_node(node)),
     }
 }
 

@@ -22,7 +22,7 @@ use tracing::info;
 
 use crate::gate::Verdict;
 pub use crate::names::{CONDITION_TYPE, STARTUP_TAINT_EFFECT, STARTUP_TAINT_KEY};
-use crate::node_write::{self, NodeWrite, WriteError, status_word};
+use crate::node_write::{self, NodeWrite, status_word};
 
 /// `reason` of a `True` condition.
 pub const REASON_PASSED: &str = "GatesPassed";
@@ -271,13 +271,7 @@ async fn write_startup_taint(
             }
             Ok((n, change))
         }
-        Err(WriteError::Api { action, source }) => Err(Error::Api {
-            node: node.into(),
-            action,
-            source,
-        }),
-        Err(WriteError::Conflict) => Err(Error::Conflict { node: node.into() }),
-        Err(WriteError::Refused(never)) => match never {},
+        Err(e) => Err(e.for_node(node)),
     }
 }
 

@@ -13,6 +13,7 @@
   objects.py values-doc VALUES DOC         every leaf key of VALUES is in DOC's values table and
                                            every key there is in VALUES
 """
+import json
 import re
 import sys
 
@@ -131,7 +132,6 @@ def rules():
 
 
 def field(kind, name, path):
-    import json
     for o in load(sys.stdin):
         if o.get("kind") == kind and o["metadata"]["name"] == name:
             value = o
