@@ -296,6 +296,161 @@ fn bench_decide(nodes: usize, running: usize, pending: usize, running_cpu: i64) 
     }
 }
 
+/// Karpenter's scheduling benchmark mix (its `makeDiversePods`, written anew): a fifth each of
+/// plain pods, zone spread and hostname spread (`maxSkew: 1` over a random `my-label`), zone
+/// self-affinity (a random `my-affinity`) and hostname anti-affinity to one another (`app=nginx`),
+/// requests drawn from its CPU and memory lists; an empty cluster and the peers bench's node shapes
+/// (4 and 8 CPUs, 16 and 32 GiB, 110 pods, in 3 zones: 6 groups).
+const MIX_SIZES: [usize; 2] = [5_000, 20_000];
+const MIX_CPU_MILLI: [i64; 5] = [100, 250, 500, 1000, 1500];
+const MIX_MEMORY_MIB: [i64; 6] = [100, 256, 512, 1024, 2048, 4096];
+const MIX_VALUES: [&str; 7] = ["a", "b", "c", "d", "e", "f", "g"];
+
+fn mix_settings() -> Settings {
+    let mut s = Settings::default();
+    s.scaler.groups = [(4, 16i64), (8, 32)]
+        .iter()
+        .flat_map(|&(cpu, gib)| {
+            (0..ZONES).map(move |z| {
+                let mut g = group(z, 0);
+                g.name = format!("nw-{cpu}x-zone-{z}");
+                g.max = 100_000;
+                g.labels = BTreeMap::from([(ZONE.to_string(), format!("zone-{z}"))]);
+                g.capacity.resources = Resources {
+                    cpu_milli: cpu * 1000 - 100,
+                    memory: (gib << 30) - (10 << 20),
+                    pods: 110,
+                    ..Resources::default()
+                };
+                g
+            })
+        })
+        .collect();
+    s
+}
+
+fn label(key: &str, value: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(key.to_string(), value.to_string())])
+}
+
+fn mix_term(labels: BTreeMap<String, String>, key: &str) -> PodTermView {
+    PodTermView {
+        namespaces: Namespaces::Only(vec!["default".into()]),
+        selector: Some(SelectorView {
+            labels,
+            expressions: Vec::new(),
+        }),
+        topology_key: key.into(),
+    }
+}
+
+fn mix_snapshot(pods: usize) -> Snapshot {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(45);
+    let mut snap = Snapshot::default();
+    let fifth = pods / 5;
+    for i in 0..pods {
+        let mut pick = |values: &[&'static str]| values[rng.random_range(0..values.len())];
+        let value = pick(&MIX_VALUES);
+        let other = pick(&MIX_VALUES);
+        let (labels, constraints) = match (i / fifth.max(1)).min(5) {
+            1 | 2 => {
+                let key = if i / fifth == 1 { ZONE } else { HOSTNAME };
+                let spread = SpreadView {
+                    max_skew: 1,
+                    topology_key: key.into(),
+                    selector: mix_term(label("my-label", other), key).selector,
+                    min_domains: 1,
+                    ignore_node_affinity: false,
+                    honor_taints: false,
+                };
+                let c = PodConstraints {
+                    spread: vec![spread],
+                    ..PodConstraints::default()
+                };
+                (label("my-label", value), Some(c))
+            }
+            3 => {
+                let labels = label("my-affinity", value);
+                let c = PodConstraints {
+                    affinity: vec![mix_term(labels.clone(), ZONE)],
+                    ..PodConstraints::default()
+                };
+                (labels, Some(c))
+            }
+            4 => {
+                let labels = label("app", "nginx");
+                let c = PodConstraints {
+                    anti_affinity: vec![mix_term(labels.clone(), HOSTNAME)],
+                    ..PodConstraints::default()
+                };
+                (labels, Some(c))
+            }
+            // The first fifth, and the remainder, are plain.
+            _ => (label("my-label", value), None),
+        };
+        let cpu = MIX_CPU_MILLI[rng.random_range(0..MIX_CPU_MILLI.len())];
+        let memory = MIX_MEMORY_MIB[rng.random_range(0..MIX_MEMORY_MIB.len())];
+        snap.pods.push(PodView {
+            namespace: "default".into(),
+            uid: format!("mix-{i}"),
+            name: format!("mix-{i}"),
+            labels,
+            unschedulable: true,
+            node: None,
+            requests: Resources {
+                cpu_milli: cpu,
+                memory: memory << 20,
+                pods: 1,
+                ..Resources::default()
+            },
+            node_selector: BTreeMap::new(),
+            affinity_terms: Vec::new(),
+            tolerations: Vec::new(),
+            constraints: constraints.map(Box::new),
+            fate: Fate::Evict(EvictRule::PLAIN),
+            safe_to_evict: None,
+            host_path: false,
+        });
+    }
+    snap
+}
+
+/// `decide` on Karpenter's benchmark mix from an empty cluster: pods per second, as Karpenter's
+/// `BenchmarkScheduling5000`/`20000` print them (`scripts/peers-karpenter bench` runs those).
+fn bench_mix(pods: usize) {
+    let snap = mix_snapshot(pods);
+    let s = mix_settings();
+    let now: jiff::Timestamp = "2026-01-01T00:05:00Z".parse().expect("time");
+    let runs = if pods > 5_000 { 3 } else { RUNS };
+    let mut times = Vec::new();
+    let mut actions = Vec::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        actions = nodeward::scaler::decide(&snap, now, &s.scaler);
+        times.push(t.elapsed());
+    }
+    let machines: u32 = actions
+        .iter()
+        .map(|a| match a {
+            nodeward::scaler::Action::ScaleUp { count, .. } => *count,
+            _ => 0,
+        })
+        .sum();
+    let left = actions
+        .iter()
+        .filter(|a| matches!(a, nodeward::scaler::Action::NoScaleUp { .. }))
+        .count();
+    let median = median(times);
+    println!(
+        "decide on Karpenter's benchmark mix: {pods} pending pods, empty cluster, {} groups: median {:.1} ms over {runs} runs = {:.0} pods/sec; {machines} machines planned ({:.1} pods per node), {left} pods left without a scale-up",
+        s.scaler.groups.len(),
+        median.as_secs_f64() * 1e3,
+        pods as f64 / median.as_secs_f64(),
+        pods as f64 / f64::from(machines.max(1)),
+    );
+}
+
 async fn bench_pass() {
     let kube = Arc::new(
         Emulator::start(EmulatorOptions::default())
@@ -455,6 +610,10 @@ async fn bench_pass() {
 }
 
 fn main() {
+    if std::env::var_os("SCALER_BENCH_MIX_ONLY").is_some() {
+        MIX_SIZES.into_iter().for_each(bench_mix);
+        return;
+    }
     for (nodes, running, pending) in SIZES {
         bench_decide(nodes, running, pending, BUSY_CPU);
     }
@@ -463,6 +622,7 @@ fn main() {
     bench_decide(nodes, running, pending, LIGHT_CPU);
     let (nodes, running, pending) = LARGE;
     bench_decide(nodes, running, pending, LIGHT_CPU);
+    MIX_SIZES.into_iter().for_each(bench_mix);
     if std::env::var_os("SCALER_BENCH_DECIDE_ONLY").is_some() {
         return;
     }
