@@ -1,6 +1,7 @@
 //! Figures on the real control plane (scripts/control-plane), side by side in one run:
 //! 1. drain of 110 pods with grace 0: `nodeward drain` as the node's own identity vs
-//!    `kubectl drain` as an operator, and the API requests each made (from the audit log);
+//!    `kubectl drain` as an operator vs a bare evictor (the floor: one list, one watch, every
+//!    eviction at once, nothing else), and the API requests each made (from the audit log);
 //! 2. a PodDisruptionBudget opens: how long until the blocked pod is evicted, both tools;
 //! 3. flannel file → node schedulable: the agent (node identity) reports, the readiness
 //!    controller (its ServiceAccount) untaints; median and p99 over 50 trials, beside the same
@@ -209,6 +210,83 @@ fn run_kubectl(kc: &Path, node: &str) -> Duration {
     t.elapsed()
 }
 
+/// The floor a drain can reach: in this process, a fresh client (TLS included, as the two tools
+/// pay it), kube-runtime's watcher on the node's pods (one list, one watch; it lists again if the
+/// API server drops the watch, as it does to watchers that fall behind a burst), every eviction
+/// at once, and the wait for every pod's deletion. Nothing else: no cordon, no budgets, no
+/// retries, no deadline.
+async fn run_bare(kc: &Path, ns: &str, node: &str) -> Duration {
+    use std::collections::BTreeSet;
+    let t = Instant::now();
+    let pods: Api<Pod> = Api::namespaced(client(kc).await, ns);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut events = watcher(pods.clone(), config).boxed();
+    let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
+    // Applies one event to the pods left; `Some` once a listing is complete.
+    let mut listing = BTreeSet::new();
+    let mut step = |left: &mut Option<BTreeSet<String>>, event: watcher::Event<Pod>| match event {
+        watcher::Event::Init => {
+            listing.clear();
+            None
+        }
+        watcher::Event::InitApply(p) => {
+            listing.insert(name(&p));
+            None
+        }
+        watcher::Event::InitDone => {
+            let listed = std::mem::take(&mut listing);
+            *left = match left {
+                // The first listing: the pods to evict.
+                None => listed,
+                // A listing after a dropped watch: those of them still there.
+                Some(left) => left.intersection(&listed).cloned().collect(),
+            }
+            .into();
+            Some(())
+        }
+        watcher::Event::Delete(p) => {
+            if let Some(left) = left {
+                left.remove(&name(&p));
+            }
+            None
+        }
+        // The node is not cordoned (nothing else, as said): the ReplicaSet's replacements land
+        // on it again and are no concern of this drain.
+        watcher::Event::Apply(_) => None,
+    };
+    let mut left: Option<BTreeSet<String>> = None;
+    loop {
+        let event = events
+            .next()
+            .await
+            .expect("the watcher runs")
+            .expect("list the node's pods");
+        if step(&mut left, event).is_some() {
+            break;
+        }
+    }
+    let names: Vec<String> = left.iter().flatten().cloned().collect();
+    let params = kube::api::EvictParams::default();
+    let evict_all = async {
+        let evictions = names.iter().map(|n| pods.evict(n, &params));
+        for r in futures::future::join_all(evictions).await {
+            r.expect("eviction");
+        }
+    };
+    // The watch is read while the evictions go out.
+    let all_gone = async {
+        while left.as_ref().is_some_and(|l| !l.is_empty()) {
+            let event = events.next().await.expect("the watcher runs");
+            // A dropped watch is an error the watcher recovers from by listing again.
+            if let Ok(event) = event {
+                step(&mut left, event);
+            }
+        }
+    };
+    tokio::join!(evict_all, all_gone);
+    t.elapsed()
+}
+
 /// Time from the budget opening to the blocked pod's eviction.
 async fn budget_latency(
     admin: &kube::Client,
@@ -261,33 +339,46 @@ async fn drain_figures(cp: &Cp, admin: &kube::Client) {
         &["--user", "bench-operator", "--group", "system:masters"],
         "operator",
     );
-    let mut nw = Vec::new();
-    let mut kc = Vec::new();
-    let (mut nw_req, mut kc_req) = (0, 0);
+    let bare_kc = cp.kubeconfig(
+        &["--user", "bench-bare", "--group", "system:masters"],
+        "bare",
+    );
+    // Per tool: the drain times and the last run's API requests.
+    let mut figures: std::collections::BTreeMap<&str, (Vec<Duration>, usize)> = Default::default();
     for run in 0..RUNS {
-        for tool in ["nodeward", "kubectl"] {
+        for tool in ["nodeward", "kubectl", "bare"] {
             let node = format!("bench-{tool}-{run}-{}", std::process::id());
             let ns = node.clone();
             add_node(admin, &node, json!([])).await;
             namespace(admin, &ns).await;
             workload(admin, &ns, &node, PODS).await;
-            if tool == "nodeward" {
-                let id = format!("system:node:{node}");
-                let kcfg = cp.kubeconfig(&["--node", &node], &node);
-                let before = cp.audit_count(&id);
-                nw.push(run_nodeward(&kcfg, &node));
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                nw_req = cp.audit_count(&id) - before;
-            } else {
-                let before = cp.audit_count("bench-operator");
-                kc.push(run_kubectl(&operator, &node));
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                kc_req = cp.audit_count("bench-operator") - before;
-            }
+            let (user, kcfg) = match tool {
+                "nodeward" => (
+                    format!("system:node:{node}"),
+                    cp.kubeconfig(&["--node", &node], &node),
+                ),
+                "kubectl" => ("bench-operator".to_string(), operator.clone()),
+                _ => ("bench-bare".to_string(), bare_kc.clone()),
+            };
+            let before = cp.audit_count(&user);
+            let took = match tool {
+                "nodeward" => run_nodeward(&kcfg, &node),
+                "kubectl" => run_kubectl(&kcfg, &node),
+                _ => run_bare(&kcfg, &ns, &node).await,
+            };
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let f = figures.entry(tool).or_default();
+            f.0.push(took);
+            f.1 = cp.audit_count(&user) - before;
             cleanup(admin, &ns, &node).await;
         }
     }
-    let (n, k) = (median(&mut nw), median(&mut kc));
+    let mut figure = |tool: &str| {
+        let f = figures.get_mut(tool).expect("every tool ran");
+        (median(&mut f.0), f.1)
+    };
+    let ((n, nw_req), (k, kc_req), (b, bare_req)) =
+        (figure("nodeward"), figure("kubectl"), figure("bare"));
     println!(
         "real: 110 pods, grace 0:  nodeward {:>8.1} ms (system:node identity)   kubectl drain {:>8.1} ms   ratio {:>5.1}x",
         ms(n),
@@ -295,7 +386,13 @@ async fn drain_figures(cp: &Cp, admin: &kube::Client) {
         ms(k) / ms(n)
     );
     println!(
-        "real: API requests per drain (audit log): nodeward {nw_req}   kubectl drain {kc_req}"
+        "real: 110 pods, grace 0:  bare evictor (watcher, 110 evictions at once) {:>8.1} ms   nodeward / bare {:>5.2}x   kubectl drain / bare {:>5.1}x",
+        ms(b),
+        ms(n) / ms(b),
+        ms(k) / ms(b)
+    );
+    println!(
+        "real: API requests per drain (audit log): nodeward {nw_req}   kubectl drain {kc_req}   bare evictor {bare_req} (N = {PODS})"
     );
 
     let mut nw = Vec::new();

@@ -306,22 +306,28 @@ def run(argv):
     pods = workload(a.workload, a.pods)
     cpu0 = proc_cpu_seconds(a.pid)
     t0 = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda p: api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", p), pods))
-    created = time.monotonic() - t0
+    # The pods are created in the background (8 at a time, as a controller would) while the
+    # nodes are watched from the first one's creation.
+    pool = concurrent.futures.ThreadPoolExecutor(8)
+    posts = [pool.submit(api.call, "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", p) for p in pods]
+    created = None
     first_node = None
     while True:
         now = time.monotonic() - t0
+        if created is None and all(f.done() for f in posts):
+            created = now
+            [f.result() for f in posts]
         nodes = scaler_nodes(api, a.node_label)
         if nodes and first_node is None:
             first_node = now
-        items, running = pods_by_phase(api)
+        items, running = (pods_by_phase(api) if created is not None else ([], []))
         if len(running) >= a.pods:
             break
         if now > a.timeout:
             die(f"{a.scaler}: {len(running)} of {a.pods} pods Running after {a.timeout:.0f} s, "
                 f"{len(nodes)} nodes")
-        time.sleep(0.5)
+        time.sleep(0.25 if created is None else 0.5)
+    pool.shutdown()
     all_running = now
     cpu_up = proc_cpu_seconds(a.pid) - cpu0
     alloc_cpu = sum(quantity_milli(n["status"]["allocatable"]["cpu"]) for n in nodes) / 1000
