@@ -238,24 +238,38 @@ fn settings(nodes: usize) -> Settings {
     s
 }
 
-fn bench_decide(nodes: usize, running: usize, pending: usize, running_cpu: i64) {
-    let snap = snapshot(nodes, running, pending, running_cpu);
-    let s = settings(nodes);
+/// `decide` on `snap` `runs` times: each run's time and the last run's actions.
+fn time_decide(
+    snap: &Snapshot,
+    s: &Settings,
+    runs: usize,
+) -> (Vec<Duration>, Vec<nodeward::scaler::Action>) {
     let now: jiff::Timestamp = "2026-01-01T00:05:00Z".parse().expect("time");
     let mut times = Vec::new();
     let mut actions = Vec::new();
-    for _ in 0..RUNS {
+    for _ in 0..runs {
         let t = Instant::now();
-        actions = nodeward::scaler::decide(&snap, now, &s.scaler);
+        actions = nodeward::scaler::decide(snap, now, &s.scaler);
         times.push(t.elapsed());
     }
-    let machines: u32 = actions
+    (times, actions)
+}
+
+/// The machines the actions create, over all groups.
+fn planned_machines(actions: &[nodeward::scaler::Action]) -> u32 {
+    actions
         .iter()
         .map(|a| match a {
             nodeward::scaler::Action::ScaleUp { count, .. } => *count,
             _ => 0,
         })
-        .sum();
+        .sum()
+}
+
+fn bench_decide(nodes: usize, running: usize, pending: usize, running_cpu: i64) {
+    let snap = snapshot(nodes, running, pending, running_cpu);
+    let (times, actions) = time_decide(&snap, &settings(nodes), RUNS);
+    let machines = planned_machines(&actions);
     let unneeded = actions
         .iter()
         .filter(|a| matches!(a, nodeward::scaler::Action::MarkUnneeded { .. }))
@@ -419,24 +433,10 @@ fn mix_snapshot(pods: usize) -> Snapshot {
 /// `decide` on Karpenter's benchmark mix from an empty cluster: pods per second, as Karpenter's
 /// `BenchmarkScheduling5000`/`20000` print them (`scripts/peers-karpenter bench` runs those).
 fn bench_mix(pods: usize) {
-    let snap = mix_snapshot(pods);
     let s = mix_settings();
-    let now: jiff::Timestamp = "2026-01-01T00:05:00Z".parse().expect("time");
     let runs = if pods > 5_000 { 3 } else { RUNS };
-    let mut times = Vec::new();
-    let mut actions = Vec::new();
-    for _ in 0..runs {
-        let t = Instant::now();
-        actions = nodeward::scaler::decide(&snap, now, &s.scaler);
-        times.push(t.elapsed());
-    }
-    let machines: u32 = actions
-        .iter()
-        .map(|a| match a {
-            nodeward::scaler::Action::ScaleUp { count, .. } => *count,
-            _ => 0,
-        })
-        .sum();
+    let (times, actions) = time_decide(&mix_snapshot(pods), &s, runs);
+    let machines = planned_machines(&actions);
     let left = actions
         .iter()
         .filter(|a| matches!(a, nodeward::scaler::Action::NoScaleUp { .. }))

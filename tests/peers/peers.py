@@ -15,6 +15,7 @@ certificate (scripts/control-plane writes them so); kubectl would cost a process
 
 import base64
 import concurrent.futures
+import http.client
 import json
 import os
 import random
@@ -67,24 +68,22 @@ class Api:
             pem.flush()
             self.ctx.load_cert_chain(pem.name)
 
-    def call(self, method, path, body=None, ok=(200, 201, 202)):
+    def call(self, method, path, body=None, ok=(200, 201, 202), timeout=60):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.server + path, data=data, method=method)
         req.add_header("Content-Type", "application/json")
         for attempt in range(5):
             try:
-                with urllib.request.urlopen(req, context=self.ctx, timeout=60) as r:
+                with urllib.request.urlopen(req, context=self.ctx, timeout=timeout) as r:
                     return json.loads(r.read() or b"null")
             except urllib.error.HTTPError as e:
-                if e.code == 404 and 404 in ok:
-                    return None
-                if e.code in (409,) and 409 in ok:
+                if e.code in (404, 409, 504) and e.code in ok:
                     return None
                 if e.code in (429, 500, 503) and attempt < 4:
                     time.sleep(0.2 * (attempt + 1))
                     continue
                 die(f"{method} {path}: HTTP {e.code}: {e.read()[:300]!r}")
-            except (urllib.error.URLError, TimeoutError) as e:
+            except (OSError, http.client.HTTPException) as e:
                 if attempt < 4:
                     time.sleep(0.2 * (attempt + 1))
                     continue
@@ -350,20 +349,33 @@ def run(argv):
     print(f"  {a.scaler}: all {a.pods} pods Running {all_running:.1f} s after the first was "
           f"created ({created:.1f} s to create them), first node {first_node or 0:.1f} s, "
           f"{len(nodes)} nodes {types}", file=sys.stderr)
-    if not a.no_scale_down:
-        t1 = time.monotonic()
-        api.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=peers%3Dbench",
-                 {"gracePeriodSeconds": 0})
+    def delete_pods():
+        # Deleting 2,000 pods takes kube-apiserver longer than its 60 s request timeout (504):
+        # asked again until none is left.
+        while pods_by_phase(api)[0]:
+            api.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=peers%3Dbench",
+                     {"gracePeriodSeconds": 0}, ok=(200, 504), timeout=120)
+
+    if a.no_scale_down:
+        # The figures first: what follows is cleanup.
+        result["cpu_s"] = round(proc_cpu_seconds(a.pid) - cpu0, 2)
+        result["peak_rss_mib"] = round(proc_peak_rss_mib(a.pid))
+        print(json.dumps(result), flush=True)
+        delete_pods()
+        for n in scaler_nodes(api, a.node_label):
+            api.call("DELETE", f"/api/v1/nodes/{n['metadata']['name']}", ok=(200, 202, 404))
         while scaler_nodes(api, a.node_label):
-            if time.monotonic() - t1 > a.timeout:
-                die(f"{a.scaler}: nodes still there {a.timeout:.0f} s after the pods were deleted")
             time.sleep(0.5)
-        result["empty_gone_s"] = round(time.monotonic() - t1, 1)
-        print(f"  {a.scaler}: every node gone {result['empty_gone_s']} s after the pods were deleted",
-              file=sys.stderr)
-    else:
-        api.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=peers%3Dbench",
-                 {"gracePeriodSeconds": 0})
+        return
+    t1 = time.monotonic()
+    delete_pods()
+    while scaler_nodes(api, a.node_label):
+        if time.monotonic() - t1 > a.timeout:
+            die(f"{a.scaler}: nodes still there {a.timeout:.0f} s after the pods were deleted")
+        time.sleep(0.5)
+    result["empty_gone_s"] = round(time.monotonic() - t1, 1)
+    print(f"  {a.scaler}: every node gone {result['empty_gone_s']} s after the pods were deleted",
+          file=sys.stderr)
     result["cpu_s"] = round(proc_cpu_seconds(a.pid) - cpu0, 2)
     result["peak_rss_mib"] = round(proc_peak_rss_mib(a.pid))
     print(json.dumps(result))
@@ -378,7 +390,8 @@ def table(path):
             ("nodes", "nodes"), ("pods_per_node", "pods/node"),
             ("cpu_requested", "CPU asked"), ("cpu_bought", "CPU bought"),
             ("memory_bought_gib", "GiB bought"), ("empty_gone_s", "empty gone s"),
-            ("cpu_s", "CPU s"), ("peak_rss_mib", "peak RSS MiB")]
+            ("cpu_s_up", "CPU s, scale-up"), ("cpu_s", "CPU s, whole run"),
+            ("peak_rss_mib", "peak RSS MiB")]
     print("| " + " | ".join(h for _, h in cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
