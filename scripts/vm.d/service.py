@@ -144,32 +144,13 @@ def stamped(path, ref):
     return out
 
 
-def report(args):
-    import argparse
-    import datetime
-
-    p = argparse.ArgumentParser(prog="service.py report")
-    for name in ("client", "offset", "t0", "off", "pods", "eps", "console", "node", "peer", "way", "prestop", "row"):
-        p.add_argument("--" + name, required=True)
-    a = p.parse_args(args)
-    t0 = secs(a.t0)
-    off = secs(a.off, t0)
-    offset = float(a.offset)
-    midnight = datetime.datetime.combine(datetime.date.today(), datetime.time()).timestamp()
-
-    # The client's requests, on this machine's clock, relative to the power-off command.
-    reqs = []
-    for line in open(a.client):
-        start, end, ok, what = line.split(" ", 3)
-        s = float(start) + offset - midnight
-        e = float(end) + offset - midnight
-        if s < t0 - 43200:
-            s, e = s + 86400, e + 86400
-        reqs.append((s - t0, e - t0, ok == "1", what.strip()))
+def stream_figures(reqs):
+    """What the client saw, from its requests `(start, end, ok, what)` in seconds after the
+    power-off command: those before it and after it, the failures after it by what they were, and
+    the longest stretch after it without a good answer (between good answers' ends)."""
     before = [r for r in reqs if r[0] < 0]
     after = [r for r in reqs if r[0] >= 0]
     failed = [r for r in after if not r[2]]
-    # The longest stretch after the command without a good answer: between good answers' ends.
     good_ends = sorted(r[1] for r in after if r[2])
     marks = [0.0] + good_ends + ([after[-1][1]] if after else [])
     gap, gap_at = 0.0, 0.0
@@ -179,46 +160,90 @@ def report(args):
     errors = {}
     for r in failed:
         errors[r[3]] = errors.get(r[3], 0) + 1
-    first_fail = f"{failed[0][0]:.1f}" if failed else "-"
-    last_fail = f"{failed[-1][0]:.1f}" if failed else "-"
+    return {"before": len(before), "before_failed": sum(1 for r in before if not r[2]),
+            "sent": len(after), "failed": [r[0] for r in failed], "errors": errors,
+            "gap": gap, "gap_at": gap_at}
 
-    # Phases from the watches (pods: name|node|deletionTimestamp|phase|ready).
+
+def phases(pods, eps, console, node, peer):
+    """The run's phases, in seconds after the power-off command, from the watches' and the
+    console's lines `(t, text)` at or after it (the endpoints' from before it too, so that a change
+    is a change from what was): A's first pod leaving (deleted or ended), each new
+    pod Ready on the peer, each change of the ready endpoints, each container's SIGTERM and exit
+    on A's console."""
     evicted, ready_on_peer, seen_ready = None, [], set()
-    for t, rest in stamped(a.pods, t0):
+    for t, rest in pods:
         f = rest.split("|")
-        if len(f) < 5 or t < t0:
+        if len(f) < 5:
             continue
-        name, node, deleting, phase, ready = f[:5]
-        if node == a.node and (deleting or phase in ("Failed", "Succeeded")) and evicted is None:
-            evicted = t - t0
-        if node == a.peer and ready == "True" and name not in seen_ready:
+        name, on, deleting, phase, ready = f[:5]
+        if on == node and (deleting or phase in ("Failed", "Succeeded")) and evicted is None:
+            evicted = t
+        if on == peer and ready == "True" and name not in seen_ready:
             seen_ready.add(name)
-            ready_on_peer.append(t - t0)
-    endpoints, last = [], None
-    for t, rest in stamped(a.eps, t0):
-        if t >= t0 and rest != last:
-            endpoints.append(f"{t - t0:.1f}s {rest}")
-        last = rest
-    stops = [(t - t0, rest) for t, rest in stamped(a.console, t0) if "nodeward-test: pod" in rest and t >= t0]
-    sigterm = [t for t, rest in stops if rest.rstrip().endswith("SIGTERM")]
-    exits = [t for t, rest in stops if rest.rstrip().endswith("exits")]
+            ready_on_peer.append(t)
+    endpoints = [(t, rest) for (t, rest), (_, prev) in zip(eps, [(None, None)] + eps) if rest != prev and t >= 0]
+    stops = [(t, rest.rstrip()) for t, rest in console if "nodeward-test: pod" in rest]
+    return {"evicted": evicted, "ready_on_peer": ready_on_peer, "endpoints": endpoints,
+            "sigterm": [t for t, rest in stops if rest.endswith("SIGTERM")],
+            "exits": [t for t, rest in stops if rest.endswith("exits")]}
+
+
+def client_requests(path, offset, t0):
+    """The client's record as `(start, end, ok, what)`, its clock moved by `offset` onto this
+    machine's and made seconds after `t0` (seconds of the day)."""
+    import datetime
+
+    midnight = datetime.datetime.combine(datetime.date.today(), datetime.time()).timestamp()
+    reqs = []
+    for line in open(path):
+        start, end, ok, what = line.split(" ", 3)
+        s = float(start) + offset - midnight
+        e = float(end) + offset - midnight
+        if s < t0 - 43200:
+            s, e = s + 86400, e + 86400
+        reqs.append((s - t0, e - t0, ok == "1", what.strip()))
+    return reqs
+
+
+def after_t0(path, t0):
+    return [(t - t0, rest) for t, rest in stamped(path, t0) if t >= t0]
+
+
+def report(args):
+    import argparse
+
+    p = argparse.ArgumentParser(prog="service.py report")
+    for name in ("client", "offset", "t0", "off", "pods", "eps", "console", "node", "peer", "way", "prestop", "row"):
+        p.add_argument("--" + name, required=True)
+    a = p.parse_args(args)
+    t0 = secs(a.t0)
+    off = secs(a.off, t0) - t0
+    c = stream_figures(client_requests(a.client, float(a.offset), t0))
+    eps = [(t - t0, rest) for t, rest in stamped(a.eps, t0)]
+    ph = phases(after_t0(a.pods, t0), eps, after_t0(a.console, t0), a.node, a.peer)
 
     def fmt(x):
         return "-" if x is None else f"{x:.1f}"
 
-    base_failed = sum(1 for r in before if not r[2])
-    print(f"  requests: {len(after)} sent after the power-off command, {len(failed)} failed "
-          f"(first at {first_fail} s, last at {last_fail} s: {', '.join(f'{k} {v}' for k, v in sorted(errors.items())) or 'none'}); "
-          f"longest gap without a good answer {gap:.2f} s (from {gap_at:.1f} s); "
-          f"before the command: {len(before)} sent, {base_failed} failed")
-    print(f"  phases (s after the command): pods on {a.node} leaving {fmt(evicted)}; "
-          f"SIGTERM {', '.join(fmt(x) for x in sigterm) or 'never seen'}; "
-          f"exited {', '.join(fmt(x) for x in exits) or 'never seen'}; "
-          f"replacements Ready on {a.peer} {', '.join(fmt(x) for x in ready_on_peer) or 'none'}; "
-          f"ready endpoints (a: on {a.node}, b: elsewhere) {', '.join(endpoints) or 'unchanged'}; {a.node} off {off - t0:.1f}")
+    def fmts(xs, none):
+        return ", ".join(fmt(x) for x in xs) or none
+
+    failed = c["failed"]
+    print(f"  requests: {c['sent']} sent after the power-off command, {len(failed)} failed "
+          f"(first at {fmt(failed[0]) if failed else '-'} s, last at {fmt(failed[-1]) if failed else '-'} s: "
+          f"{', '.join(f'{k} {v}' for k, v in sorted(c['errors'].items())) or 'none'}); "
+          f"longest gap without a good answer {c['gap']:.2f} s (from {c['gap_at']:.1f} s); "
+          f"before the command: {c['before']} sent, {c['before_failed']} failed")
+    print(f"  phases (s after the command): pods on {a.node} leaving {fmt(ph['evicted'])}; "
+          f"SIGTERM {fmts(ph['sigterm'], 'never seen')}; exited {fmts(ph['exits'], 'never seen')}; "
+          f"replacements Ready on {a.peer} {fmts(ph['ready_on_peer'], 'none')}; "
+          f"ready endpoints (a: on {a.node}, b: elsewhere) "
+          f"{', '.join(f'{t:.1f}s {e}' for t, e in ph['endpoints']) or 'unchanged'}; {a.node} off {off:.1f}")
+    last_ready = ph["ready_on_peer"][-1] if ph["ready_on_peer"] else None
     with open(a.row, "a") as f:
-        f.write("\t".join([a.way, a.prestop, str(len(after)), str(len(failed)), f"{gap:.2f}", fmt(evicted),
-                           fmt(ready_on_peer[-1] if ready_on_peer else None), f"{off - t0:.1f}", str(base_failed)]) + "\n")
+        f.write("\t".join([a.way, a.prestop, str(c["sent"]), str(len(failed)), f"{c['gap']:.2f}",
+                           fmt(ph["evicted"]), fmt(last_ready), f"{off:.1f}", str(c["before_failed"])]) + "\n")
 
 
 def table(path):

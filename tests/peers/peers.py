@@ -285,28 +285,11 @@ def pods_by_phase(api):
     return items, running
 
 
-def run(argv):
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="peers.py run")
-    ap.add_argument("kubeconfig")
-    ap.add_argument("--scaler", required=True, help="its name in the table")
-    ap.add_argument("--pid", type=int, required=True, help="the scaler's process")
-    ap.add_argument("--node-label", required=True, help="the label its nodes carry")
-    ap.add_argument("--workload", required=True, choices=["plain", "mix"])
-    ap.add_argument("--pods", type=int, required=True)
-    ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--no-scale-down", action="store_true")
-    a = ap.parse_args(argv)
-    api = Api(a.kubeconfig)
-    api.call("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}, ok=(201, 409))
-    if scaler_nodes(api, a.node_label):
-        die(f"nodes with {a.node_label} exist before the run: the previous scaler's are not gone")
-    pods = workload(a.workload, a.pods)
-    cpu0 = proc_cpu_seconds(a.pid)
+def scale_up(api, a, pods):
+    """Creates the pods (8 at a time, as a controller would) while it watches the scaler's nodes
+    from the first pod's creation; returns (seconds to create them, to the first node, to every pod
+    Running, the nodes, the pods)."""
     t0 = time.monotonic()
-    # The pods are created in the background (8 at a time, as a controller would) while the
-    # nodes are watched from the first one's creation.
     pool = concurrent.futures.ThreadPoolExecutor(8)
     posts = [pool.submit(api.call, "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", p) for p in pods]
     created = None
@@ -327,57 +310,93 @@ def run(argv):
                 f"{len(nodes)} nodes")
         time.sleep(0.25 if created is None else 0.5)
     pool.shutdown()
-    all_running = now
-    cpu_up = proc_cpu_seconds(a.pid) - cpu0
-    alloc_cpu = sum(quantity_milli(n["status"]["allocatable"]["cpu"]) for n in nodes) / 1000
-    alloc_mem = sum(quantity_bytes(n["status"]["allocatable"]["memory"]) for n in nodes) / (1 << 30)
+    return created, first_node, now, nodes, items
+
+
+def bought(nodes, pods):
+    """What the nodes give and the pods ask: CPUs and GiB allocatable, nodes per instance type,
+    CPUs requested."""
     types = {}
     for n in nodes:
         t = n["metadata"]["labels"].get(TYPE_LABEL, "?")
         types[t] = types.get(t, 0) + 1
-    requested_cpu = sum(
-        quantity_milli(p["spec"]["containers"][0]["resources"]["requests"]["cpu"]) for p in items) / 1000
+    return {
+        "nodes": len(nodes), "types": types,
+        "cpu_bought": round(sum(quantity_milli(n["status"]["allocatable"]["cpu"]) for n in nodes) / 1000, 1),
+        "memory_bought_gib": round(
+            sum(quantity_bytes(n["status"]["allocatable"]["memory"]) for n in nodes) / (1 << 30), 1),
+        "cpu_requested": round(sum(
+            quantity_milli(p["spec"]["containers"][0]["resources"]["requests"]["cpu"]) for p in pods) / 1000, 1),
+    }
+
+
+def delete_pods(api):
+    """Deletes the bench's pods. Deleting 2,000 takes kube-apiserver longer than its 60 s request
+    timeout (504): asked again until none is left."""
+    while pods_by_phase(api)[0]:
+        api.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=peers%3Dbench",
+                 {"gracePeriodSeconds": 0}, ok=(200, 504), timeout=120)
+
+
+def wait_nodes_gone(api, a, since):
+    while scaler_nodes(api, a.node_label):
+        if time.monotonic() - since > a.timeout:
+            die(f"{a.scaler}: nodes still there {a.timeout:.0f} s after the pods were deleted")
+        time.sleep(0.5)
+
+
+def run(argv):
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="peers.py run")
+    ap.add_argument("kubeconfig")
+    ap.add_argument("--scaler", required=True, help="its name in the table")
+    ap.add_argument("--pid", type=int, required=True, help="the scaler's process")
+    ap.add_argument("--node-label", required=True, help="the label its nodes carry")
+    ap.add_argument("--workload", required=True, choices=["plain", "mix"])
+    ap.add_argument("--pods", type=int, required=True)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--no-scale-down", action="store_true")
+    a = ap.parse_args(argv)
+    api = Api(a.kubeconfig)
+    api.call("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}, ok=(201, 409))
+    if scaler_nodes(api, a.node_label):
+        die(f"nodes with {a.node_label} exist before the run: the previous scaler's are not gone")
+    cpu0 = proc_cpu_seconds(a.pid)
+    created, first_node, all_running, nodes, items = scale_up(api, a, workload(a.workload, a.pods))
     result = {
         "scaler": a.scaler, "workload": a.workload, "pods": a.pods,
         "created_s": round(created, 1), "first_node_s": round(first_node or 0, 1),
-        "all_running_s": round(all_running, 1), "nodes": len(nodes), "types": types,
-        "cpu_bought": round(alloc_cpu, 1), "memory_bought_gib": round(alloc_mem, 1),
-        "cpu_requested": round(requested_cpu, 1),
+        "all_running_s": round(all_running, 1),
+        **bought(nodes, items),
         "pods_per_node": round(a.pods / max(len(nodes), 1), 1),
-        "cpu_s_up": round(cpu_up, 2),
+        "cpu_s_up": round(proc_cpu_seconds(a.pid) - cpu0, 2),
     }
     print(f"  {a.scaler}: all {a.pods} pods Running {all_running:.1f} s after the first was "
           f"created ({created:.1f} s to create them), first node {first_node or 0:.1f} s, "
-          f"{len(nodes)} nodes {types}", file=sys.stderr)
-    def delete_pods():
-        # Deleting 2,000 pods takes kube-apiserver longer than its 60 s request timeout (504):
-        # asked again until none is left.
-        while pods_by_phase(api)[0]:
-            api.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=peers%3Dbench",
-                     {"gracePeriodSeconds": 0}, ok=(200, 504), timeout=120)
+          f"{len(nodes)} nodes {result['types']}", file=sys.stderr)
+
+    def whole_run():
+        result["cpu_s"] = round(proc_cpu_seconds(a.pid) - cpu0, 2)
+        result["peak_rss_mib"] = round(proc_peak_rss_mib(a.pid))
 
     if a.no_scale_down:
         # The figures first: what follows is cleanup.
-        result["cpu_s"] = round(proc_cpu_seconds(a.pid) - cpu0, 2)
-        result["peak_rss_mib"] = round(proc_peak_rss_mib(a.pid))
+        whole_run()
         print(json.dumps(result), flush=True)
-        delete_pods()
+        t1 = time.monotonic()
+        delete_pods(api)
         for n in scaler_nodes(api, a.node_label):
             api.call("DELETE", f"/api/v1/nodes/{n['metadata']['name']}", ok=(200, 202, 404))
-        while scaler_nodes(api, a.node_label):
-            time.sleep(0.5)
+        wait_nodes_gone(api, a, t1)
         return
     t1 = time.monotonic()
-    delete_pods()
-    while scaler_nodes(api, a.node_label):
-        if time.monotonic() - t1 > a.timeout:
-            die(f"{a.scaler}: nodes still there {a.timeout:.0f} s after the pods were deleted")
-        time.sleep(0.5)
+    delete_pods(api)
+    wait_nodes_gone(api, a, t1)
     result["empty_gone_s"] = round(time.monotonic() - t1, 1)
     print(f"  {a.scaler}: every node gone {result['empty_gone_s']} s after the pods were deleted",
           file=sys.stderr)
-    result["cpu_s"] = round(proc_cpu_seconds(a.pid) - cpu0, 2)
-    result["peak_rss_mib"] = round(proc_peak_rss_mib(a.pid))
+    whole_run()
     print(json.dumps(result))
 
 
