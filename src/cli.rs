@@ -251,12 +251,13 @@ pub struct ControllerArgs {
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// Add node.kubernetes.io/out-of-service=nodeshutdown:NoExecute to a node whose agent
-    /// recorded a power-off once it has been NotReady for --out-of-service-after (its pods are
-    /// then deleted and their volumes detached); remove it when the node boots again. Off by
-    /// default.
+    /// recorded a power-off once it is NotReady and its heartbeat Lease (kube-node-lease) has
+    /// not changed for --out-of-service-after, as this controller saw it (its pods are then
+    /// deleted and their volumes detached); remove it when the node boots again. Off by default.
     #[arg(long)]
     pub out_of_service: bool,
-    /// How long a node that announced a power-off must be NotReady before the taint.
+    /// How long a node that announced a power-off must be NotReady with no heartbeat before the
+    /// taint (the taint lands up to 5 s later: the controller's recheck).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::validate::duration)]
     pub out_of_service_after: std::time::Duration,
     /// Serve Prometheus metrics (/metrics) and /healthz on this address (off by default).

@@ -84,18 +84,23 @@ pub fn step_observed(
     step(lease, me, at, now)
 }
 
-/// When we last saw the Lease record change, by our own clock.
+/// When we last saw a record change, by our own clock: a Lease's [`LeaseView`] here and for the
+/// reboot slots, a node's heartbeat for the out-of-service taint ([`crate::out_of_service`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Observed {
+pub struct Observed<T = LeaseView> {
     /// The record as we last read it.
-    pub record: LeaseView,
+    pub record: T,
     /// When we first read it in that form.
     pub at: Instant,
 }
 
 /// The observation after reading `current` at `now`: the clock restarts only when the record
 /// differs from the one observed before (or there was none).
-pub fn observe(prev: Option<Observed>, current: &LeaseView, now: Instant) -> Observed {
+pub fn observe<T: PartialEq + Clone>(
+    prev: Option<Observed<T>>,
+    current: &T,
+    now: Instant,
+) -> Observed<T> {
     match prev {
         Some(p) if p.record == *current => p,
         _ => Observed {

@@ -779,9 +779,11 @@ fn power_off_record(emu: &EmulatorHandle) -> Option<nodeward::out_of_service::Po
 /// Issue 43, item 3: the real logind here is systemd 252, whose `PrepareForShutdown` does not
 /// say which shutdown it is. The agent's bus monitor sees the call that asked for it: a
 /// `Reboot` applies `on_reboot` and records nothing on the Node; a `PowerOff` applies
-/// `on_poweroff` and leaves the power-off record (this boot's ID, the pods) before the lock goes.
+/// `on_poweroff` and leaves the power-off record (this boot's ID, the pods) before the lock goes;
+/// a cancel after that withdraws it.
 #[tokio::test]
-async fn logind_252_tells_a_power_off_from_a_reboot_by_the_call_and_records_the_power_off() {
+async fn logind_252_tells_a_power_off_from_a_reboot_by_the_call_and_records_the_power_off_until_cancelled()
+ {
     let h = harness(CAP).await;
     let emu = emulator().await;
     seed_tainted_node(&emu);
@@ -844,6 +846,19 @@ async fn logind_252_tells_a_power_off_from_a_reboot_by_the_call_and_records_the_
     assert_eq!(record.boot_id, boot.trim());
     assert!(record.tainted_at.is_none());
     eprintln!("power-off record: {record:?}");
+
+    // Issue 58, item 1: logind cancels the power-off after the record was written (the lock
+    // is released by then): the node stays up, so the agent withdraws its record.
+    h.cancel_shutdown().await.expect("cancel");
+    let t0 = Instant::now();
+    while power_off_record(&emu).is_some() {
+        assert!(
+            t0.elapsed() < SOON,
+            "the cancelled power-off's record stays on the Node:\n{}",
+            agent.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     h.shutdown().await;
 }
 

@@ -594,15 +594,16 @@ async fn add_bare_node(cluster: &Cluster, name: &str, labels: &[(&str, &str)]) {
 }
 
 /// The Node `node` says `Ready` = `ready` since now, with boot ID `boot` (and `capacity`, when
-/// given): what a kubelet reports, or the node lifecycle controller once it stops reporting.
+/// given), written by `client`: what a kubelet reports (the node's identity), or the node
+/// lifecycle controller once it stops reporting.
 async fn kubelet_says(
-    admin: &kube::Client,
+    client: &kube::Client,
     node: &str,
     ready: &str,
     boot: &str,
     capacity: Option<serde_json::Value>,
 ) {
-    let api: Api<Node> = Api::all(admin.clone());
+    let api: Api<Node> = Api::all(client.clone());
     let now = jiff::Timestamp::now().to_string();
     let mut status = json!({"status": {
         "nodeInfo": {"bootID": boot},
@@ -826,6 +827,103 @@ async fn a_powered_off_node_is_taken_out_of_service(cluster: Cluster) {
     }
 }
 
+/// Renews `node`'s heartbeat Lease in kube-node-lease with its own identity every second, as a
+/// kubelet does (every ten), until the task is aborted; the other half holds when the last
+/// renewal was answered.
+async fn heartbeat(
+    cluster: &Cluster,
+    node: &str,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::Mutex<std::time::Instant>>,
+) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let as_node = common::client(&cluster.node_kubeconfig(node)).await;
+    let leases: Api<Lease> = Api::namespaced(as_node, "kube-node-lease");
+    let name = node.to_string();
+    let holder = name.clone();
+    let lease = move |now: jiff::Timestamp| {
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": holder, "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 40,
+                "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}})
+    };
+    let first: Lease = serde_json::from_value(lease(jiff::Timestamp::now())).expect("lease");
+    leases
+        .create(&PostParams::default(), &first)
+        .await
+        .expect("a node may create its own heartbeat Lease");
+    let last = std::sync::Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
+    let renewed = last.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let renew = lease(jiff::Timestamp::now());
+            let pp = PatchParams::default();
+            match leases.patch(&name, &pp, &Patch::Merge(&renew)).await {
+                Ok(_) => *renewed.lock().expect("lock") = std::time::Instant::now(),
+                Err(e) => eprintln!("heartbeat of {name}: {e}"),
+            }
+        }
+    });
+    (task, last)
+}
+
+/// Issue 58, item 1, on the real control plane: a node that recorded a power-off and whose own
+/// kubelet (its identity) reports Ready=False, but whose heartbeat Lease is still renewed, is a
+/// machine still running: it is never tainted out of service, however long it stays NotReady.
+/// Once the renewals stop, the taint comes, and never sooner than `--out-of-service-after`
+/// after the last one.
+async fn a_node_still_renewing_its_lease_is_not_taken_out_of_service(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    let node = unique("alive");
+    add_bare_node(&cluster, &node, &[]).await;
+    let (beating, last_renewal) = heartbeat(&cluster, &node).await;
+    announce_power_off(&cluster, &node, "boot-1").await;
+    // Ready=False from the node's own identity: a kubelet that reports a CNI or runtime fault.
+    let as_node = common::client(&cluster.node_kubeconfig(&node)).await;
+    kubelet_says(&as_node, &node, "False", "boot-1", None).await;
+    let after = Duration::from_secs(4);
+    let _controller = controller(
+        &cluster,
+        &["--out-of-service", "--out-of-service-after", "4s"],
+    );
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < after * 3 {
+        let n = nodes.get(&node).await.expect("node");
+        assert!(
+            !out_of_service(&n),
+            "tainted out of service {:?} after the controller started, while its Lease was still renewed",
+            t0.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    beating.abort();
+    let _ = beating.await;
+    let stopped = *last_renewal.lock().expect("lock");
+    wait_node(
+        &admin,
+        &node,
+        "the out-of-service taint once the heartbeat stopped",
+        LIMIT,
+        out_of_service,
+    )
+    .await;
+    let took = stopped.elapsed();
+    eprintln!(
+        "last renewal -> out-of-service taint {took:?} (after {after:?}, plus up to the controller's 5 s recheck)"
+    );
+    assert!(
+        took >= after,
+        "tainted {took:?} after the last renewal, before --out-of-service-after ({after:?})"
+    );
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(admin.clone(), "kube-node-lease");
+    let _ = leases.delete(&node, &Default::default()).await;
+    cluster.remove_node(&node).await;
+}
+
 both_backends! {
     agent_reports_and_the_controller_untaints => super::agent_reports_controller_untaints;
     continuous_mode_puts_the_taint_back => super::gate_failure_taints_again;
@@ -840,4 +938,5 @@ real_only! {
     noderestriction_refuses_the_node_identity_its_taints => super::noderestriction_refuses_a_nodes_taint_change;
     a_rotated_client_certificate_is_read_without_a_restart => super::rotated_client_certificate_is_read;
     a_powered_off_node_is_taken_out_of_service => super::a_powered_off_node_is_taken_out_of_service;
+    a_node_still_renewing_its_lease_is_not_taken_out_of_service => super::a_node_still_renewing_its_lease_is_not_taken_out_of_service;
 }

@@ -412,6 +412,9 @@ struct LogindLink {
     /// drops the drain before its report; [`Agent::reconcile`] moves it into
     /// [`Known::own_cordon`].
     cordoned: std::sync::Arc<AtomicBool>,
+    /// The power-off record the shutdown wrote on the Node, once written: withdrawn if logind
+    /// cancels the power-off ([`crate::out_of_service::withdraw`]).
+    recorded: std::sync::Arc<std::sync::Mutex<Option<crate::out_of_service::PowerOff>>>,
     /// The last call to logind asking for a shutdown, as the bus monitor
     /// ([`logind::monitor`]) saw it: the kind of a shutdown systemd 252 does not name.
     called: tokio::sync::watch::Receiver<Option<logind::monitor::Called>>,
@@ -463,6 +466,7 @@ impl Agent {
                 cap_fix_tried: false,
                 drain_unit: None,
                 cordoned: std::sync::Arc::default(),
+                recorded: std::sync::Arc::default(),
                 called: tokio::sync::watch::channel(None).1,
             },
             known: Known::new(gates, Instant::now()),

@@ -57,12 +57,48 @@ impl Agent {
                     stop.send_replace(true);
                 }
                 self.rearm_drain_unit();
+                self.withdraw_power_off().await;
                 if self.known.lock != Lock::Held {
                     self.take_lock().await;
                 }
                 self.reconcile().await;
                 None
             }
+        }
+    }
+
+    /// After a cancelled power-off: removes the record it left on the Node, so that a later
+    /// NotReady of this boot cannot pass for that power-off (and the controller need not wait
+    /// [`out_of_service::ANNOUNCED_WITHIN`] to call it stale). Bounded by [`ANNOUNCE_TIME`]
+    /// twice; a record left behind is still cleared by the controller once it is stale.
+    async fn withdraw_power_off(&mut self) {
+        let record = self
+            .logind
+            .recorded
+            .lock()
+            .map(|mut r| r.take())
+            .unwrap_or_default();
+        let (Some(record), Some(client)) = (record, self.api.client.clone()) else {
+            return;
+        };
+        let node = self.node.clone();
+        let withdraw = out_of_service::withdraw(&client, &node, &record);
+        match tokio::time::timeout(ANNOUNCE_TIME * 2, withdraw).await {
+            Ok(Ok(true)) => info!(
+                node,
+                "the power-off was cancelled: its record withdrawn from the Node"
+            ),
+            Ok(Ok(false)) => info!(
+                node,
+                "the power-off was cancelled: its record is gone or the controller's now (tainted); left as it is"
+            ),
+            Ok(Err(e)) => {
+                warn!(node, error = %e, "cannot withdraw the cancelled power-off's record; the controller clears it once stale")
+            }
+            Err(_) => warn!(
+                node,
+                "the cancelled power-off's record was not withdrawn in time; the controller clears it once stale"
+            ),
         }
     }
 
@@ -126,6 +162,7 @@ impl Agent {
             node: node.clone(),
             by,
             cancelled,
+            recorded: self.logind.recorded.clone(),
         });
         let drain: DrainFuture = match policy {
             ShutdownPolicy::Nothing => {
@@ -342,6 +379,8 @@ struct Recording {
     by: Instant,
     /// True once the shutdown was cancelled: then there is nothing to record.
     cancelled: tokio::sync::watch::Receiver<bool>,
+    /// Where the record goes once written, for its withdrawal if the shutdown is cancelled.
+    recorded: std::sync::Arc<std::sync::Mutex<Option<PowerOff>>>,
 }
 
 /// At a power-off, `drain` followed by the [`PowerOff`] record on the Node, written by `r.by`
@@ -353,6 +392,7 @@ fn with_record(drain: DrainFuture, r: Recording) -> DrainFuture {
         node,
         by,
         cancelled,
+        recorded,
     } = r;
     Box::pin(async move {
         let summary = drain.await;
@@ -378,13 +418,31 @@ fn with_record(drain: DrainFuture, r: Recording) -> DrainFuture {
             tainted_at: None,
         };
         match tokio::time::timeout_at(by, out_of_service::announce(&client, &node, &record)).await {
-            Ok(Ok(())) => info!(
-                node,
-                left_behind = record.left_behind.len(),
-                terminating = record.terminating.len(),
-                annotation = crate::names::POWER_OFF,
-                "power-off recorded on the Node"
-            ),
+            Ok(Ok(())) => {
+                info!(
+                    node,
+                    left_behind = record.left_behind.len(),
+                    terminating = record.terminating.len(),
+                    annotation = crate::names::POWER_OFF,
+                    "power-off recorded on the Node"
+                );
+                if *cancelled.borrow() {
+                    // Cancelled while the record was on its way: the cancel found nothing to
+                    // withdraw, so withdraw it here.
+                    let gone = out_of_service::withdraw(&client, &node, &record);
+                    match tokio::time::timeout(ANNOUNCE_TIME, gone).await {
+                        Ok(Ok(_)) => {
+                            info!(node, "the power-off was cancelled: its record withdrawn")
+                        }
+                        _ => warn!(
+                            node,
+                            "cannot withdraw the cancelled power-off's record; the controller clears it once stale"
+                        ),
+                    }
+                } else if let Ok(mut r) = recorded.lock() {
+                    *r = Some(record);
+                }
+            }
             Ok(Err(e)) => warn!(node, error = %e, "cannot record the power-off on the Node"),
             Err(_) => warn!(
                 node,

@@ -10,13 +10,19 @@
 //! - the node itself says it is powering off: before it releases logind's lock at a power-off
 //!   (never at a reboot or a shutdown of unknown kind), the agent writes a [`PowerOff`] record,
 //!   with its boot ID, on its Node ([`crate::names::POWER_OFF`]);
-//! - the cluster sees it gone: the kubelet's `Ready` condition has been `False` or `Unknown`
-//!   since after that record, for the configured time.
+//! - the cluster sees it gone: the kubelet's `Ready` condition is `False` or `Unknown`, and the
+//!   controller itself has seen no heartbeat from the node (its Lease in `kube-node-lease`
+//!   unchanged) for the configured time since it saw the record, by its own monotonic clock
+//!   ([`Heartbeats`]). `Ready` alone is no witness: a kubelet reports NotReady itself for a
+//!   CNI or runtime fault, the usual reason to power a node off, while systemd may still be
+//!   stopping its containers.
 //!
 //! The readiness controller (with `--out-of-service`) then adds the taint ([`decide`]), marks
 //! the record as its own, and removes both when the node reports a new boot ID or is Ready again.
-//! A taint an operator added is never touched. The writes are in `write.rs`.
+//! A taint an operator added is never touched. The writes are in `write.rs`. The agent withdraws
+//! its record when logind cancels the power-off ([`withdraw`]).
 
+mod heartbeat;
 mod write;
 
 use std::time::Duration;
@@ -25,7 +31,8 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use serde::{Deserialize, Serialize};
 
 use crate::names::{OUT_OF_SERVICE_TAINT_EFFECT, OUT_OF_SERVICE_TAINT_KEY, POWER_OFF};
-pub use write::{Error, announce, reconcile};
+pub use heartbeat::{Heartbeats, NODE_LEASE_NAMESPACE};
+pub use write::{Error, announce, reconcile, withdraw};
 
 /// A node goes NotReady within this long of its power-off record, or the record is stale (a
 /// power-off cancelled after it was written, a machine that stayed up): the record goes and no
@@ -91,11 +98,18 @@ impl std::fmt::Display for Change {
     }
 }
 
-/// What to do about `node` at `now`, when a node announced as powered off must have been
-/// NotReady for `after` before it is tainted. Nothing for a node without a readable
+/// What to do about `node` at `now`, when its heartbeat has been `silent` (as the controller saw
+/// it since the record: [`Heartbeats::silent_for`]) and a node announced as powered off must be
+/// NotReady and silent for `after` before it is tainted. Nothing for a node without a readable
 /// [`PowerOff`] record, one being deleted, one without a kubelet `Ready` condition, one still
-/// Ready since before the record, or one an operator tainted already.
-pub fn decide(node: &Node, after: Duration, now: jiff::Timestamp) -> Option<Change> {
+/// Ready since before the record, or one an operator tainted already. `now` only judges whether
+/// the record is stale: never when the taint comes.
+pub fn decide(
+    node: &Node,
+    after: Duration,
+    now: jiff::Timestamp,
+    silent: Duration,
+) -> Option<Change> {
     if node.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -126,10 +140,7 @@ pub fn decide(node: &Node, after: Duration, now: jiff::Timestamp) -> Option<Chan
         // NotReady only long after the record: not the power-off it announced.
         return Some(Change::Clear { untaint: false });
     }
-    let down_since = since.max(announced);
-    let down_for = now.duration_since(down_since);
-    (down_for >= jiff::SignedDuration::try_from(after).unwrap_or(jiff::SignedDuration::MAX))
-        .then_some(Change::Taint)
+    (silent >= after).then_some(Change::Taint)
 }
 
 /// The kubelet's boot ID in the Node's status (empty counts as none).

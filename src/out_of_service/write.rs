@@ -33,19 +33,53 @@ pub async fn announce(client: &kube::Client, node: &str, record: &PowerOff) -> R
     Ok(())
 }
 
-/// The controller: decides about `node` ([`decide`], NotReady for `after`) at every read, the
-/// first from `current` (its cache) and after a conflict from a fresh one, and writes the change
-/// guarded by the read resourceVersion (the taint list is replaced whole, so another writer's
-/// taint is never dropped). Returns the change written, if any.
+/// The agent, when logind cancels the power-off after `record` was written: removes it from its
+/// own Node (guarded by the read resourceVersion) if it is still that record and the controller
+/// has not tainted the node for it (a tainted record is the controller's to clear, with its
+/// taint, once the node is Ready again). Returns whether it was removed.
+#[tracing::instrument(skip(client, record), err)]
+pub async fn withdraw(client: &kube::Client, node: &str, record: &PowerOff) -> Result<bool, Error> {
+    let written = node_write::write_guarded(
+        client,
+        node,
+        "withdraw the power-off record from",
+        None,
+        |n| {
+            let removable = PowerOff::of(n).is_some_and(|on| {
+                on.boot_id == record.boot_id && on.at == record.at && on.tainted_at.is_none()
+            });
+            Ok::<_, std::convert::Infallible>(if removable {
+                NodeWrite::Patch(
+                    json!({"metadata": {"annotations": {POWER_OFF: null}}}),
+                    true,
+                )
+            } else {
+                NodeWrite::Done(false)
+            })
+        },
+    )
+    .await;
+    match written {
+        Ok((_, removed)) => Ok(removed),
+        Err(e) => Err(e.for_node(node)),
+    }
+}
+
+/// The controller: decides about `node` ([`decide`]: NotReady and its heartbeat `silent` for
+/// `after`) at every read, the first from `current` (its cache) and after a conflict from a
+/// fresh one, and writes the change guarded by the read resourceVersion (the taint list is
+/// replaced whole, so another writer's taint is never dropped). Returns the change written, if
+/// any.
 pub async fn reconcile(
     client: &kube::Client,
     node: &str,
     after: Duration,
+    silent: Duration,
     current: Option<Node>,
 ) -> Result<Option<Change>, Error> {
     let written = node_write::write_guarded(client, node, "patch", current, |n| {
         let now = jiff::Timestamp::now();
-        let Some(change) = decide(n, after, now) else {
+        let Some(change) = decide(n, after, now, silent) else {
             return Ok::<_, std::convert::Infallible>(NodeWrite::Done(None));
         };
         Ok(NodeWrite::Patch(patch_for(n, change, now), Some(change)))

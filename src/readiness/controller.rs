@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::Api;
 use kube::runtime::events::{EventType, Recorder};
@@ -30,6 +31,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{info, warn};
 
 use super::{Mode, TaintChange, decide, reconcile_startup_taint};
+use crate::out_of_service::{Heartbeats, NODE_LEASE_NAMESPACE};
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -38,8 +40,9 @@ pub struct Options {
     pub mode: Mode,
     /// Log what would change, change nothing.
     pub dry_run: bool,
-    /// With `Some(after)`, the out-of-service taint goes on a node that announced a power-off and
-    /// has been NotReady for `after` ([`crate::out_of_service`]); `None`: off (the default).
+    /// With `Some(after)`, the out-of-service taint goes on a node that announced a power-off, is
+    /// NotReady, and whose heartbeat Lease this replica has seen unchanged for `after`
+    /// ([`crate::out_of_service`]); `None`: off (the default).
     pub out_of_service: Option<Duration>,
     /// The out-of-service changes written.
     pub metrics: Arc<super::metrics::ControllerMetrics>,
@@ -61,6 +64,17 @@ pub async fn run(
         .default_backoff()
         .reflect(writer)
         .boxed();
+    // The node heartbeats, only for the out-of-service taint (the only reader of them).
+    let mut leases = match opts.out_of_service {
+        Some(_) => watcher(
+            Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .boxed(),
+        None => futures::stream::pending().boxed(),
+    };
+    let mut heartbeats = Heartbeats::default();
     let recorder = crate::events::recorder(&client, "nodeward-controller", None);
     info!(mode = ?opts.mode, dry_run = opts.dry_run, out_of_service_after = ?opts.out_of_service, "readiness controller starting");
     tokio::pin!(shutdown);
@@ -73,6 +87,14 @@ pub async fn run(
         let work = tokio::select! {
             () = &mut shutdown => break,
             _ = resync.tick(), if synced => Work::CatchUp,
+            ev = leases.next() => {
+                match ev {
+                    Some(Ok(ev)) => heartbeats.seen(&ev, tokio::time::Instant::now()),
+                    Some(Err(e)) => warn!(error = %e, "node Lease watch failed; retrying"),
+                    None => anyhow::bail!("the node Lease watch ended"),
+                }
+                continue;
+            }
             ev = events.next() => match ev {
                 Some(Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) if synced => {
                     Work::Act(Box::new(n))
@@ -87,6 +109,10 @@ pub async fn run(
                     opts.metrics.synced.set(1);
                     Work::CatchUp
                 }
+                Some(Ok(watcher::Event::Delete(n))) => {
+                    heartbeats.forget(n.metadata.name.as_deref().unwrap_or_default());
+                    continue;
+                }
                 Some(Ok(_)) => continue,
                 Some(Err(e)) => {
                     warn!(error = %e, "node watch failed; retrying");
@@ -97,8 +123,8 @@ pub async fn run(
         };
         let done = async {
             match work {
-                Work::Act(n) => act(&client, &recorder, &n, &opts).await,
-                Work::CatchUp => catch_up(&client, &recorder, &store, &opts).await,
+                Work::Act(n) => act(&client, &recorder, &n, &opts, &mut heartbeats).await,
+                Work::CatchUp => catch_up(&client, &recorder, &store, &opts, &mut heartbeats).await,
             }
         };
         // The signal drops a write in flight: an API server that does not answer must not hold
@@ -121,31 +147,45 @@ enum Work {
     CatchUp,
 }
 
-async fn catch_up(client: &kube::Client, recorder: &Recorder, store: &Store<Node>, opts: &Options) {
+async fn catch_up(
+    client: &kube::Client,
+    recorder: &Recorder,
+    store: &Store<Node>,
+    opts: &Options,
+    heartbeats: &mut Heartbeats,
+) {
     let nodes: Vec<Arc<Node>> = store.state();
     for n in nodes {
-        act(client, recorder, &n, opts).await;
+        act(client, recorder, &n, opts, heartbeats).await;
     }
 }
 
-async fn act(client: &kube::Client, recorder: &Recorder, n: &Node, opts: &Options) {
+async fn act(
+    client: &kube::Client,
+    recorder: &Recorder,
+    n: &Node,
+    opts: &Options,
+    heartbeats: &mut Heartbeats,
+) {
     startup_taint(client, n, opts).await;
     if let Some(after) = opts.out_of_service {
-        out_of_service(client, recorder, n, after, opts).await;
+        let silent = heartbeats.silent_for(n, tokio::time::Instant::now());
+        out_of_service(client, recorder, n, (after, silent), opts).await;
     }
 }
 
-/// The out-of-service taint of `n` ([`crate::out_of_service::decide`]), with an Event on the
-/// Node and the metric for every change written.
+/// The out-of-service taint of `n` ([`crate::out_of_service::decide`]) when it must be NotReady
+/// and silent for `after` and has been `silent`, with an Event on the Node and the metric for
+/// every change written.
 async fn out_of_service(
     client: &kube::Client,
     recorder: &Recorder,
     n: &Node,
-    after: Duration,
+    (after, silent): (Duration, Duration),
     opts: &Options,
 ) {
     use crate::out_of_service::{Change, PowerOff, decide, reconcile};
-    let Some(change) = decide(n, after, jiff::Timestamp::now()) else {
+    let Some(change) = decide(n, after, jiff::Timestamp::now(), silent) else {
         return;
     };
     let name = n.metadata.name.as_deref().unwrap_or_default();
@@ -153,7 +193,7 @@ async fn out_of_service(
         info!(node = name, %change, "dry run: would change the out-of-service taint");
         return;
     }
-    let change = match reconcile(client, name, after, Some(n.clone())).await {
+    let change = match reconcile(client, name, after, silent, Some(n.clone())).await {
         Ok(Some(c)) => c,
         Ok(None) => return,
         Err(e) => {
@@ -167,7 +207,7 @@ async fn out_of_service(
         .as_ref()
         .map_or(0, |r| r.left_behind.len() + r.terminating.len());
     let (reason, note) = match change {
-        Change::Taint => ("OutOfServiceTainted", format!("announced a power-off and NotReady for {after:?}: {OUT_OF_SERVICE} added, so its {left} pods left behind or terminating are deleted and their volumes detached")),
+        Change::Taint => ("OutOfServiceTainted", format!("announced a power-off, NotReady, and no heartbeat (its Lease in {NODE_LEASE_NAMESPACE} unchanged) for {silent:?}, at least {after:?}: {OUT_OF_SERVICE} added, so its {left} pods left behind or terminating are deleted and their volumes detached")),
         Change::Clear { untaint: true } => ("OutOfServiceUntainted", format!("back (a new boot, or Ready again): {OUT_OF_SERVICE} and the power-off record removed")),
         Change::Clear { untaint: false } => ("PowerOffRecordCleared", "back (a new boot, or Ready again) before any out-of-service taint of nodeward's: the power-off record removed".to_string()),
     };
