@@ -156,7 +156,12 @@ impl Agent {
         loop {
             let (reconcile_at, logind_at) = (self.api.reconcile_retry_at, self.logind.retry_at);
             let watch_deadline = !self.known.overdue_reported && self.known.phase.gates_act();
-            let ready_pending = !self.known.notified_ready;
+            // A wake-up for publish() at the moment READY stops waiting for the API server:
+            // only while that moment is ahead (a lock never taken, with no bus, would
+            // otherwise wake the loop at once, forever).
+            let ready_wake = (!self.known.notified_ready)
+                .then_some(src.ready_anyway_at)
+                .filter(|at| *at > Instant::now());
             tokio::select! {
                 // In this order, before anything that may call the API server: logind's
                 // announcement of a shutdown is never kept waiting behind a retry of a
@@ -210,7 +215,7 @@ impl Agent {
                 _ = tokio::time::sleep_until(src.boot_deadline_at), if watch_deadline => self.reconcile().await,
                 _ = src.watchdog_tick.tick(), if src.watchdog.is_some() => notify(&[sd_notify::NotifyState::Watchdog]),
                 // Only to wake up publish(), which decides READY.
-                _ = tokio::time::sleep_until(src.ready_anyway_at), if ready_pending => {}
+                _ = sleep_until_opt(ready_wake) => {}
             }
             self.publish();
         }

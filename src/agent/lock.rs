@@ -9,11 +9,19 @@ impl Agent {
         let conn = match Logind::connect().await {
             Ok(c) => c,
             Err(e) => {
-                warn!(error = %e, retry_in = ?self.logind.backoff.wait(), "cannot reach the system bus");
+                if self.logind.bus_missing {
+                    tracing::debug!(error = %e, retry_in = ?self.logind.backoff.wait(), "still no system bus");
+                } else {
+                    warn!(error = %e, retry_in = ?self.logind.backoff.wait(), "cannot reach the system bus; trying again quietly until it is there");
+                    self.logind.bus_missing = true;
+                }
                 self.logind.schedule_retry();
                 return None;
             }
         };
+        if std::mem::take(&mut self.logind.bus_missing) {
+            info!("the system bus is there again");
+        }
         // Subscribe before taking the lock, so a shutdown announced in between is seen.
         let events = match conn.events().await {
             Ok(ev) => ev,

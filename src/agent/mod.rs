@@ -404,6 +404,8 @@ struct LogindLink {
     /// logind's cap was raised once already: a raise that did not take is reported, not tried
     /// again at every lock take.
     cap_fix_tried: bool,
+    /// The system bus could not be reached, and that was said: said once, not at every retry.
+    bus_missing: bool,
     /// Stops nodeward-drain.service (systemd, on the same bus) during a shutdown drain; true
     /// when it stopped an armed unit (which a cancelled shutdown then starts again).
     drain_unit: Option<tokio::task::JoinHandle<bool>>,
@@ -464,6 +466,7 @@ impl Agent {
                 retry_at: None,
                 backoff: Backoff::new(LOGIND_RETRY_MIN, LOGIND_RETRY_MAX),
                 cap_fix_tried: false,
+                bus_missing: false,
                 drain_unit: None,
                 cordoned: std::sync::Arc::default(),
                 recorded: std::sync::Arc::default(),

@@ -57,13 +57,17 @@ impl std::fmt::Debug for FileWatcher {
 }
 
 impl FileWatcher {
-    /// Starts watching for `paths`; changes are announced on `tx`.
+    /// Starts watching for `paths`; changes are announced on `tx`. Only changes to those paths
+    /// or to a directory on the way to one are: a watched directory also holds other files (the
+    /// agent's own status files beside a reboot request), whose writes must not wake anyone.
     pub fn new(paths: Vec<PathBuf>, tx: mpsc::UnboundedSender<()>) -> Result<Self, Error> {
+        let wanted = paths.clone();
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             match res {
                 // Opening, reading and closing a file changes nothing, and the agent's own reads
                 // would otherwise feed back into endless re-reads.
                 Ok(ev) if matches!(ev.kind, notify::EventKind::Access(_)) => return,
+                Ok(ev) if !concerns(&ev, &wanted) => return,
                 Ok(ev) => debug!(kind = ?ev.kind, paths = ?ev.paths, "file event"),
                 Err(e) => warn!(error = %e, "inotify error; re-reading the gate files"),
             }
@@ -114,6 +118,17 @@ impl FileWatcher {
     pub fn read_all(&self) -> BTreeMap<PathBuf, FileFact> {
         self.paths.iter().map(|p| (p.clone(), read(p))).collect()
     }
+}
+
+/// Whether `ev` may change one of `paths`: it names one of them or a directory on the way to
+/// one (created, renamed, removed), or it names nothing (the kernel's queue overflowed: anything
+/// may have changed).
+fn concerns(ev: &notify::Event, paths: &[PathBuf]) -> bool {
+    ev.paths.is_empty()
+        || ev
+            .paths
+            .iter()
+            .any(|p| paths.iter().any(|w| w.starts_with(p)))
 }
 
 /// The directory to watch for `path`: its parent if it exists, else the deepest existing
@@ -227,12 +242,39 @@ mod tests {
             assert!(matches!(read(&path), FileFact::Present(_)));
         }
         // A write after the reads is the next thing the channel carries: sync with it.
-        std::fs::write(root.path().join("flannel/other"), "x").expect("write");
+        std::fs::write(&path, "FLANNEL_SUBNET=10.244.1.1/24\n").expect("write");
         rx.recv().await.expect("event for the write");
         let mut extra = 0;
         while rx.try_recv().is_ok() {
             extra += 1;
         }
         assert!(extra <= 5, "reads produced {extra} events");
+    }
+
+    /// Issue 58, item 6 (a): a file written beside a watched one (the agent's own
+    /// `reboot.json` beside the reboot request in /run/nodeward) wakes nothing; the watched
+    /// file itself does.
+    #[tokio::test]
+    async fn a_file_beside_a_watched_one_wakes_nothing() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let request = root.path().join("reboot-request");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let _w = FileWatcher::new(vec![request.clone()], tx).expect("watch");
+        for i in 0..5 {
+            let status = root.path().join("reboot.json");
+            let tmp = root.path().join(".reboot.json.tmp");
+            std::fs::write(&tmp, format!("{{\"n\": {i}}}")).expect("write");
+            std::fs::rename(&tmp, &status).expect("rename");
+        }
+        let woke = tokio::time::timeout(std::time::Duration::from_millis(500), rx.recv()).await;
+        assert!(
+            woke.is_err(),
+            "a write beside the watched file woke the watcher"
+        );
+        std::fs::write(&request, "operator\n").expect("write");
+        tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+            .await
+            .expect("the request's own write is seen")
+            .expect("event");
     }
 }
