@@ -780,10 +780,86 @@ async fn a_node_writes_only_its_own_reboot_slot(cluster: Cluster) {
     free_slots(&admin).await;
 }
 
+/// Issue 58, item 4: a reboot command that hangs (`sleep 3600`) is bounded by
+/// `reboot_timeout`: the slot is renewed all the while (never a gap as long as its duration),
+/// then the reboot ends in `RebootFailed`, the reboot's cordon is lifted and the slot released.
+/// Before, the slot went unrenewed for as long as the command ran (662 s seen), with no
+/// `RebootFailed` and the node left cordoned.
+async fn a_hanging_reboot_command_ends_in_reboot_failed(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    free_slots(&admin).await;
+    let ns = unique("hang");
+    let extra = format!(
+        "lease_duration = \"6s\"\nreboot_timeout = \"10s\"\nhealth_nodes = \"nodeward-test/pool={ns}\"\nreboot_command = [\"sleep\", \"3600\"]"
+    );
+    let mut a = Machine::new(&format!("{ns}-a"), &extra);
+    cluster
+        .add_node(&a.name, &[("nodeward-test/pool", &ns)], json!([]))
+        .await;
+    a.start(&cluster);
+    a.ask();
+    let t0 = Instant::now();
+    while !a.log().contains("drained; rebooting") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "never got to its reboot:\n{}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let asked = Instant::now();
+    let slots: Api<ConfigMap> = Api::namespaced(admin.clone(), SLOT_NS);
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let (mut last_renewal, mut renewed_at) = (None, Instant::now());
+    let mut longest_gap = Duration::ZERO;
+    let failed = loop {
+        let n = nodes.get(&a.name).await.expect("node");
+        if reboot_condition(&n).is_some_and(|(_, reason)| reason == "RebootFailed") {
+            break n;
+        }
+        let slot = slots.get_opt("nodeward-reboot-0").await.expect("slot");
+        let renewal = slot
+            .and_then(|c| c.data)
+            .and_then(|d| d.get("renewTime").cloned());
+        if renewal.is_some() && renewal != last_renewal {
+            longest_gap = longest_gap.max(renewed_at.elapsed());
+            (last_renewal, renewed_at) = (renewal, Instant::now());
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(40),
+            "no RebootFailed {:?} after the reboot was asked for:\n{}",
+            asked.elapsed(),
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let ended = asked.elapsed();
+    println!(
+        "hanging reboot command: RebootFailed {:.1}s after it started (reboot_timeout 10s); longest gap between slot renewals {:.1}s (duration 6s)",
+        ended.as_secs_f64(),
+        longest_gap.as_secs_f64()
+    );
+    assert!(
+        longest_gap < Duration::from_secs(6),
+        "the slot went {longest_gap:?} unrenewed while the reboot command ran"
+    );
+    assert!(
+        !cordoned_for_reboot(&failed),
+        "the reboot's cordon stays after RebootFailed"
+    );
+    let log = a.log();
+    assert!(
+        log.contains("not rebooting: the reboot was asked for 10s ago and has not happened"),
+        "the slot was not given back as a failed reboot:\n{log}"
+    );
+    teardown(&cluster, &admin, &ns, &mut [a]).await;
+}
+
 real_only! {
     a_firing_alert_holds_the_reboot => super::a_firing_alert_holds_the_reboot;
     kureds_lock_holds_the_reboot => super::kureds_lock_holds_the_reboot;
     a_node_writes_only_its_own_reboot_slot => super::a_node_writes_only_its_own_reboot_slot;
     a_fleet_reboots_two_at_a_time_within_its_budget => super::a_fleet_reboots_two_at_a_time_within_its_budget;
     a_dead_holders_slot_frees_itself_when_its_lease_expires => super::a_dead_holders_slot_frees_itself_when_its_lease_expires;
+    a_hanging_reboot_command_ends_in_reboot_failed => super::a_hanging_reboot_command_ends_in_reboot_failed;
 }

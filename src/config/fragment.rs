@@ -103,6 +103,8 @@ fragment!(
         settle_time: Wait,
         /// Reboot command.
         reboot_command: Argv,
+        /// How long the node may stay up once the reboot is asked for.
+        reboot_timeout: Deadline,
     }
 );
 
@@ -158,6 +160,7 @@ impl RebootFragment {
             drain_timeout: self.drain_timeout.map_or(d.drain_timeout, |t| t.0),
             settle_time: self.settle_time.map_or(d.settle_time, |t| t.0),
             reboot_command: self.reboot_command.map(|a| a.0).or(d.reboot_command),
+            reboot_timeout: self.reboot_timeout.map_or(d.reboot_timeout, |t| t.0),
         }
     }
 }

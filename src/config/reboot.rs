@@ -53,6 +53,9 @@ pub struct RebootSettings {
     pub settle_time: Duration,
     /// The command that reboots; `None`: logind's `Reboot`.
     pub reboot_command: Option<Vec<String>>,
+    /// How long the node may stay up once the reboot is asked for, the command (or logind's
+    /// call) included: then `RebootFailed`, the reboot's cordon lifted and the slot released.
+    pub reboot_timeout: Duration,
 }
 
 impl Default for RebootSettings {
@@ -82,6 +85,8 @@ impl Default for RebootSettings {
             drain_timeout: Duration::from_secs(600),
             settle_time: Duration::from_secs(60),
             reboot_command: None,
+            // A server's shutdown (every unit stopped, up to 90 s each) and firmware hand-off.
+            reboot_timeout: Duration::from_secs(600),
         }
     }
 }

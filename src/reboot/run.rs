@@ -28,8 +28,6 @@ use crate::reboot::metrics::RebootMetrics;
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 /// How often a returning node is looked at: the next node waits on it.
 const BACK_POLL: Duration = Duration::from_secs(2);
-/// A reboot asked for that has not happened after this long has failed: the slot goes back.
-const REBOOT_TIMEOUT: Duration = Duration::from_secs(600);
 /// The sentinel command's time limit.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -589,17 +587,32 @@ impl Coordinator {
         let note = format!("drained; rebooting (slot {})", r.slot);
         info!(slot = %r.slot, "drained; rebooting");
         self.event(client, false, "Rebooting", note).await;
-        let asked = self.reboot().await;
-        if let Err(e) = asked {
-            self.give_back(client, &r, &e, "reboot-failed").await;
-            return self.s.period;
-        }
-        // The machine goes down now; the slot is renewed until it does.
-        self.renewing(&r.slot, tokio::time::sleep(REBOOT_TIMEOUT))
-            .await;
-        let why = format!("the reboot was asked for {REBOOT_TIMEOUT:?} ago and has not happened");
+        let why = self.reboot_bounded(&r.slot).await;
         self.give_back(client, &r, &why, "reboot-failed").await;
         self.s.period
+    }
+
+    /// Asks for the reboot and waits for the machine to go down, renewing `slot` all along,
+    /// for at most `reboot_timeout` (the ask included: a command or a logind call that hangs
+    /// is dropped, the command killed). Returns why the node is still up.
+    async fn reboot_bounded(&self, slot: &str) -> String {
+        let limit = self.s.reboot_timeout;
+        let going = async {
+            self.reboot().await?;
+            // The machine goes down now; the slot is renewed until it does.
+            std::future::pending::<Result<(), String>>().await
+        };
+        match self
+            .renewing(slot, tokio::time::timeout(limit, going))
+            .await
+        {
+            Ok(Err(e)) => e,
+            Ok(Ok(())) | Err(_) => {
+                format!(
+                    "the reboot was asked for {limit:?} ago and has not happened (reboot_timeout)"
+                )
+            }
+        }
     }
 
     /// Asks for the reboot: the configured command, or logind.
@@ -609,6 +622,8 @@ impl Coordinator {
             let status = tokio::process::Command::new(program)
                 .args(args)
                 .stdin(std::process::Stdio::null())
+                // Past reboot_timeout the future is dropped: the command goes with it.
+                .kill_on_drop(true)
                 .status()
                 .await
                 .map_err(|e| format!("cannot run the reboot command {program}: {e}"))?;
