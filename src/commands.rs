@@ -409,6 +409,12 @@ async fn cordon(config: Option<&Path>, args: CordonArgs) -> anyhow::Result<u8> {
             "node/{} already cordoned by someone else; nodeward will not uncordon it",
             args.node
         ),
+        crate::drain::CordonOutcome::TakenOver { from } => {
+            println!(
+                "node/{} cordoned by nodeward ({from}); now {reason}",
+                args.node
+            )
+        }
     }
     Ok(EXIT_OK)
 }
@@ -416,10 +422,16 @@ async fn cordon(config: Option<&Path>, args: CordonArgs) -> anyhow::Result<u8> {
 async fn uncordon(config: Option<&Path>, args: UncordonArgs) -> anyhow::Result<u8> {
     let (settings, _) = crate::config::load(config)?;
     let client = client_for(args.kubeconfig.as_deref(), &settings).await?;
-    match crate::drain::uncordon(&client, &args.node, args.force).await? {
+    let by = crate::drain::Lifter::Operator;
+    match crate::drain::uncordon(&client, &args.node, args.force, by).await? {
         crate::drain::UncordonOutcome::Uncordoned => println!("node/{} uncordoned", args.node),
         crate::drain::UncordonOutcome::NotCordoned => {
             println!("node/{} was not cordoned", args.node)
+        }
+        // An operator lifts any of nodeward's cordons: neither comes back for them.
+        crate::drain::UncordonOutcome::Kept { reason }
+        | crate::drain::UncordonOutcome::GivenBack { reason } => {
+            println!("node/{} still cordoned by nodeward ({reason})", args.node)
         }
     }
     Ok(EXIT_OK)

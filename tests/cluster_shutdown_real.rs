@@ -618,3 +618,121 @@ async fn check_intent_and_cordons(cluster: &Cluster, s: &Setup) {
         .count();
     println!("while stopped: {pending} replacements Pending, none bound");
 }
+
+/// nodeward's cordon record on `name`, if the cordon is nodeward's.
+async fn nodeward_cordon(
+    admin: &kube::Client,
+    name: &str,
+) -> Option<nodeward::drain::cordon::CordonRecord> {
+    let n = Api::<Node>::all(admin.clone())
+        .get(name)
+        .await
+        .expect("node");
+    nodeward::drain::cordon::nodeward_cordon(&n)
+}
+
+/// Issue 58, item 2: a cluster shutdown meets a node nodeward already cordoned for maintenance
+/// (`nodeward cordon --reason maint`): it takes the cordon over (listed in the intent, its
+/// record the shutdown's, the maintenance one kept inside) so nothing lifts it before `cluster
+/// start`, and `cluster start` gives it back to the maintenance rather than lifting it. A node
+/// uncordoned by hand during the shutdown and cordoned again for another reason keeps that
+/// cordon. Before: the first node was left unlisted (anything could lift it), and `cluster
+/// start` lifted the second's maintenance cordon.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a real control plane: NODEWARD_CONTROL_PLANE=DIR (scripts/control-plane up DIR)"]
+async fn cluster_shutdown_takes_over_nodewards_cordons_and_start_gives_them_back() {
+    let cluster = Cluster::real();
+    let admin = cluster.admin().await;
+    let ns = unique("cs-own");
+    let [maint, plain, later] = ["maint", "plain", "later"].map(|n| unique(&format!("cs-{n}")));
+    for n in [&maint, &plain, &later] {
+        cluster.add_node(n, &[("cs-test", &ns)], json!([])).await;
+    }
+    let admin_kc = cluster.admin_kubeconfig();
+    let out = nodeward(&admin_kc, &["cordon", &maint, "--reason", "maint"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    let operator = cluster.user_kubeconfig("cs-operator", &["nodeward:cluster-operators"]);
+    let out = nodeward(
+        &operator,
+        &[
+            "cluster",
+            "shutdown",
+            "--reason",
+            "issue 58",
+            "--wave-timeout",
+            "30s",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    println!("--- cluster shutdown\n{text}");
+    assert!(out.status.success(), "{}", output_text(&out));
+
+    let intent = nodeward::cluster::read_intent(&admin)
+        .await
+        .expect("read intent")
+        .expect("the intent is recorded");
+    for n in [&maint, &plain, &later] {
+        assert!(
+            intent.cordoned.contains(n),
+            "{n} not listed: {:?}",
+            intent.cordoned
+        );
+    }
+    let taken = nodeward_cordon(&admin, &maint)
+        .await
+        .expect("nodeward's cordon");
+    assert_eq!(taken.reason, nodeward::cluster::CORDON_REASON, "{taken:?}");
+    assert_eq!(
+        taken.before.as_ref().map(|b| b.reason.as_str()),
+        Some("maint")
+    );
+    assert!(text.contains("taken over by the shutdown"), "{text}");
+
+    // During the shutdown: `kubectl uncordon` by hand, then `nodeward cordon --reason`.
+    let by_hand = PatchParams {
+        field_manager: Some("kubectl-cordon".into()),
+        ..PatchParams::default()
+    };
+    Api::<Node>::all(admin.clone())
+        .patch(
+            &later,
+            &by_hand,
+            &Patch::Merge(json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .expect("uncordon by hand");
+    let out = nodeward(&admin_kc, &["cordon", &later, "--reason", "maint2"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+
+    let out = nodeward(&operator, &["cluster", "start"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    println!("--- cluster start\n{text}");
+    assert!(out.status.success(), "{}", output_text(&out));
+    assert!(!cordon_of(&admin, &plain).await.0, "{plain} uncordoned");
+    let back = nodeward_cordon(&admin, &maint)
+        .await
+        .expect("still nodeward's cordon");
+    assert_eq!(
+        back.reason, "maint",
+        "given back to the maintenance: {back:?}"
+    );
+    assert_eq!(back.before, None);
+    let kept = nodeward_cordon(&admin, &later)
+        .await
+        .expect("still nodeward's cordon");
+    assert_eq!(
+        kept.reason, "maint2",
+        "the later maintenance cordon stays: {kept:?}"
+    );
+    assert!(
+        Api::<ConfigMap>::namespaced(admin.clone(), "kube-system")
+            .get_opt(nodeward::names::CLUSTER_SHUTDOWN_CONFIGMAP)
+            .await
+            .expect("get intent")
+            .is_none(),
+        "cluster start removes the intent"
+    );
+    for n in [&maint, &plain, &later] {
+        cluster.remove_node(n).await;
+    }
+}

@@ -834,7 +834,9 @@ async fn admin_cordon_is_never_undone() {
             .is_none(),
         "claimed an admin's cordon"
     );
-    let err = drain::uncordon(&c, NODE, false).await.expect_err("refused");
+    let err = drain::uncordon(&c, NODE, false, nodeward::drain::Lifter::Operator)
+        .await
+        .expect_err("refused");
     assert!(err.to_string().contains("not by nodeward"), "{err}");
     assert_eq!(
         emu.get("nodes", None, NODE)
@@ -842,7 +844,9 @@ async fn admin_cordon_is_never_undone() {
         Some(json!(true))
     );
     assert_eq!(
-        drain::uncordon(&c, NODE, true).await.expect("forced"),
+        drain::uncordon(&c, NODE, true, nodeward::drain::Lifter::Operator)
+            .await
+            .expect("forced"),
         drain::UncordonOutcome::Uncordoned
     );
 }
@@ -865,7 +869,9 @@ async fn own_cordon_is_undone_with_its_label() {
         Some(&json!("true"))
     );
     assert_eq!(
-        drain::uncordon(&c, NODE, false).await.expect("uncordon"),
+        drain::uncordon(&c, NODE, false, nodeward::drain::Lifter::Operator)
+            .await
+            .expect("uncordon"),
         drain::UncordonOutcome::Uncordoned
     );
     let node = emu.get("nodes", None, NODE).expect("node");

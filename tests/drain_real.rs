@@ -151,7 +151,7 @@ async fn setup(cluster: &Cluster, replicas: i32) -> (kube::Client, String, Strin
                 .all(|p| ready(p) && node_of(p) == Some(target.as_str()))
     })
     .await;
-    nodeward::drain::uncordon(&admin, &spare, true)
+    nodeward::drain::uncordon(&admin, &spare, true, nodeward::drain::Lifter::Operator)
         .await
         .expect("uncordon spare");
     (admin, ns, target, spare)
@@ -677,7 +677,7 @@ async fn a_dedicated_identity_writes_only_its_own_node(cluster: Cluster) {
     nodeward::drain::cordon(&me, &spare, "own node", false)
         .await
         .expect("an agent cordons its own Node");
-    nodeward::drain::uncordon(&me, &spare, false)
+    nodeward::drain::uncordon(&me, &spare, false, nodeward::drain::Lifter::Operator)
         .await
         .expect("and lifts its own cordon");
     let other = nodeward::drain::cordon(&me, &target, "another node", false).await;
@@ -1250,7 +1250,7 @@ async fn surge_keeps_a_single_replica_serving(cluster: Cluster) {
     // controller could take the evicted pod out and the replacement in at one sync (CI saw web's
     // gap at 0 ns once).
     set_taint(&admin, &spare, WEB_KEPT_OFF, true).await;
-    nodeward::drain::uncordon(&admin, &spare, true)
+    nodeward::drain::uncordon(&admin, &spare, true, nodeward::drain::Lifter::Operator)
         .await
         .expect("uncordon spare");
     // Both serve before the watchers start (their first polls would count a gap otherwise).

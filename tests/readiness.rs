@@ -396,7 +396,7 @@ async fn noderestriction_refuses_a_nodes_taint_change(cluster: Cluster) {
     nodeward::drain::cordon(&as_node, &node, "test", false)
         .await
         .expect("a node may cordon itself");
-    nodeward::drain::uncordon(&as_node, &node, false)
+    nodeward::drain::uncordon(&as_node, &node, false, nodeward::drain::Lifter::Operator)
         .await
         .expect("and lift its own cordon");
     // ... and may not touch another node.

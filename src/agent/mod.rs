@@ -595,7 +595,19 @@ impl Agent {
                 self.known.wrote_node(n, written);
                 Ok(())
             }
-            Action::Uncordon => match crate::drain::uncordon(client, &self.node, false).await {
+            Action::Uncordon => match crate::drain::uncordon(
+                client,
+                &self.node,
+                false,
+                crate::drain::Lifter::Shutdown,
+            )
+            .await
+            {
+                Ok(crate::drain::UncordonOutcome::Kept { reason }) => {
+                    info!(node = %self.node, cordon = %reason, "gates pass: nodeward's cordon is another moment's, not a shutdown's; it stays");
+                    self.known.own_cordon = false;
+                    Ok(())
+                }
                 Ok(o) => {
                     info!(node = %self.node, outcome = ?o, "gates pass: nodeward's cordon lifted");
                     self.known.own_cordon = false;

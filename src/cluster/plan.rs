@@ -192,24 +192,27 @@ pub struct StartPlan {
     pub lift: Vec<String>,
     /// Nodes the shutdown cordoned whose cordon is someone else's now: theirs to lift.
     pub not_ours: Vec<String>,
+    /// Nodes the shutdown cordoned that nodeward holds cordoned for another moment now (an
+    /// operator's `nodeward cordon --reason`), with that reason: that moment's to lift.
+    pub kept: Vec<(String, String)>,
 }
 
 /// Which cordons `cluster start` lifts: a node's cordon is lifted only while it is nodeward's
-/// ([`cordon::nodeward_cordon`]) and the shutdown made it: the node is in the intent's list
-/// (`recorded`), or its record gives the shutdown's reason (a node cordoned just before the
-/// list was written). Pure.
+/// ([`cordon::nodeward_cordon`]) and its record gives the shutdown's reason (listed in the
+/// intent, `recorded`, or cordoned just before the list was written); one the shutdown took over
+/// is given back to its earlier reason by the uncordon. A listed node cordoned since for another
+/// reason keeps it. Pure.
 pub fn start_plan(nodes: &[Node], recorded: &BTreeSet<String>) -> StartPlan {
     let mut out = StartPlan::default();
     for node in nodes {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let ours = cordon::nodeward_cordon(node);
         let listed = recorded.contains(&name);
-        let by_reason = ours
-            .as_ref()
-            .is_some_and(|r| r.reason == super::CORDON_REASON);
-        match (ours.is_some(), listed || by_reason) {
-            (true, true) => out.lift.push(name),
-            (false, true) if listed && cordon::is_cordoned(node) => out.not_ours.push(name),
+        match cordon::nodeward_cordon(node) {
+            Some(r) if r.is_for(cordon::Lifter::Reason(super::CORDON_REASON)) => {
+                out.lift.push(name);
+            }
+            Some(r) if listed => out.kept.push((name, r.reason)),
+            None if listed && cordon::is_cordoned(node) => out.not_ours.push(name),
             _ => {}
         }
     }

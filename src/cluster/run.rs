@@ -286,8 +286,11 @@ async fn nodes(client: &kube::Client) -> Result<Vec<Node>> {
         .items)
 }
 
-/// Cordons every node at once as nodeward's; returns the nodes this run cordoned. A node someone
-/// else cordoned keeps their cordon, and `say` names it.
+/// Cordons every node at once as nodeward's; returns the nodes the shutdown holds cordoned:
+/// those this run cordoned, those a resumed run had, and those nodeward had cordoned for
+/// another reason, whose cordon the shutdown takes over (so nothing lifts it before `cluster
+/// start`, which gives it back). A node someone else cordoned keeps their cordon, and `say`
+/// names it.
 async fn cordon_all(
     client: &kube::Client,
     names: &[String],
@@ -296,7 +299,7 @@ async fn cordon_all(
 ) -> Result<BTreeSet<String>> {
     let outcomes: Vec<(String, CordonOutcome)> = futures::stream::iter(names.iter().cloned())
         .map(|n| async move {
-            let o = crate::drain::cordon(client, &n, super::CORDON_REASON, false).await?;
+            let o = crate::drain::cordon_taking_over(client, &n, super::CORDON_REASON).await?;
             Ok::<_, Error>((n, o))
         })
         .buffer_unordered(concurrency.max(1))
@@ -308,8 +311,15 @@ async fn cordon_all(
             CordonOutcome::Cordoned => {
                 mine.insert(node);
             }
+            // Cordoned for the shutdown already (a resumed run).
             CordonOutcome::AlreadyOurs => {
-                say(&format!("node {node}: already cordoned by nodeward"))
+                mine.insert(node);
+            }
+            CordonOutcome::TakenOver { from } => {
+                say(&format!(
+                    "node {node}: nodeward's cordon ({from}) taken over by the shutdown; `cluster start` gives it back to {from}"
+                ));
+                mine.insert(node);
             }
             CordonOutcome::AlreadyByOther => say(&format!(
                 "node {node}: cordoned by someone else; their cordon stays theirs"
@@ -502,12 +512,33 @@ pub struct StartReport {
     pub uncordoned: Vec<String>,
     /// Nodes the shutdown cordoned that someone else holds cordoned now (left so).
     pub not_ours: Vec<String>,
+    /// Nodes whose cordon the shutdown had taken over, given back to their earlier reason
+    /// (still cordoned), with that reason.
+    pub given_back: Vec<(String, String)>,
+    /// Nodes the shutdown cordoned that nodeward holds cordoned for another moment now, with
+    /// its reason (left so).
+    pub kept: Vec<(String, String)>,
+    /// Nodes whose cordon could not be lifted, with why (a node deleted meanwhile, an API
+    /// error): the intent is removed all the same.
+    pub failed: Vec<(String, String)>,
     /// Whether an intent was recorded.
     pub had_intent: bool,
 }
 
-/// `nodeward cluster start`: lifts the cordons the shutdown made (never anyone else's), then
-/// removes the intent, so the Pending replacements schedule and the scaler acts again.
+/// What one uncordon of `cluster start` did.
+enum Lifted {
+    Uncordoned(String),
+    GivenBack(String, String),
+    Kept(String, String),
+    NotOurs(String),
+    Failed(String, String),
+    Nothing,
+}
+
+/// `nodeward cluster start`: lifts the cordons the shutdown made (never anyone else's, nor
+/// nodeward's for another moment; one it took over goes back to its earlier reason), then
+/// always removes the intent, so the Pending replacements schedule and the scaler acts again;
+/// a node it could not uncordon is reported, not a reason to stop.
 pub async fn start(client: &kube::Client, concurrency: usize) -> Result<StartReport> {
     let intent = read_intent(client).await.map_err(api("read the intent"))?;
     let recorded = intent
@@ -515,20 +546,39 @@ pub async fn start(client: &kube::Client, concurrency: usize) -> Result<StartRep
         .map(|i| i.cordoned.clone())
         .unwrap_or_default();
     let todo = plan::start_plan(&nodes(client).await?, &recorded);
-    let uncordoned: Vec<String> = futures::stream::iter(todo.lift.iter().cloned())
+    let by = crate::drain::Lifter::Reason(super::CORDON_REASON);
+    let lifted: Vec<Lifted> = futures::stream::iter(todo.lift.iter().cloned())
         .map(|n| async move {
-            match crate::drain::uncordon(client, &n, false).await {
-                Ok(UncordonOutcome::Uncordoned) => Ok(Some(n)),
-                Ok(UncordonOutcome::NotCordoned) => Ok(None),
+            match crate::drain::uncordon(client, &n, false, by).await {
+                Ok(UncordonOutcome::Uncordoned) => Lifted::Uncordoned(n),
+                Ok(UncordonOutcome::GivenBack { reason }) => Lifted::GivenBack(n, reason),
+                Ok(UncordonOutcome::Kept { reason }) => Lifted::Kept(n, reason),
+                Ok(UncordonOutcome::NotCordoned) => Lifted::Nothing,
                 // Someone cordoned it since the snapshot: theirs now.
-                Err(crate::drain::exec::Error::CordonedByOther { .. }) => Ok(None),
-                Err(e) => Err(Error::Node(e)),
+                Err(crate::drain::exec::Error::CordonedByOther { .. }) => Lifted::NotOurs(n),
+                Err(crate::drain::exec::Error::NodeNotFound { .. }) => Lifted::Nothing,
+                Err(e) => Lifted::Failed(n, e.to_string()),
             }
         })
         .buffer_unordered(concurrency.max(1))
-        .try_filter_map(futures::future::ok)
-        .try_collect()
-        .await?;
+        .collect()
+        .await;
+    let mut report = StartReport {
+        not_ours: todo.not_ours,
+        kept: todo.kept,
+        had_intent: intent.is_some(),
+        ..StartReport::default()
+    };
+    for l in lifted {
+        match l {
+            Lifted::Uncordoned(n) => report.uncordoned.push(n),
+            Lifted::GivenBack(n, r) => report.given_back.push((n, r)),
+            Lifted::Kept(n, r) => report.kept.push((n, r)),
+            Lifted::NotOurs(n) => report.not_ours.push(n),
+            Lifted::Failed(n, e) => report.failed.push((n, e)),
+            Lifted::Nothing => {}
+        }
+    }
     if intent.is_some() {
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
         match cms.delete(NAME, &DeleteParams::default()).await {
@@ -537,11 +587,10 @@ pub async fn start(client: &kube::Client, concurrency: usize) -> Result<StartRep
             Err(e) => return Err(api("remove the intent")(e)),
         }
     }
-    let mut uncordoned = uncordoned;
-    uncordoned.sort();
-    Ok(StartReport {
-        uncordoned,
-        not_ours: todo.not_ours,
-        had_intent: intent.is_some(),
-    })
+    report.uncordoned.sort();
+    report.given_back.sort();
+    report.kept.sort();
+    report.not_ours.sort();
+    report.failed.sort();
+    Ok(report)
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::cli::{ClusterCommand, ClusterShutdownArgs, ClusterStartArgs};
 
-use super::{EXIT_DEADLINE, EXIT_OK};
+use super::{EXIT_DEADLINE, EXIT_FAILURE, EXIT_OK};
 
 /// Runs `nodeward cluster ...`.
 pub(super) async fn run(config: Option<&Path>, cmd: ClusterCommand) -> anyhow::Result<u8> {
@@ -68,11 +68,32 @@ async fn start(args: ClusterStartArgs) -> anyhow::Result<u8> {
     for n in &report.not_ours {
         println!("node {n}: cordoned by someone else since the shutdown; left cordoned");
     }
+    for (n, reason) in &report.given_back {
+        println!(
+            "node {n}: cordoned before the shutdown by nodeward ({reason}); given back to it, still cordoned"
+        );
+    }
+    for (n, reason) in &report.kept {
+        println!(
+            "node {n}: cordoned by nodeward for another reason since the shutdown ({reason}); left cordoned"
+        );
+    }
+    for (n, why) in &report.failed {
+        eprintln!("node {n}: could not be uncordoned: {why}");
+    }
     println!(
         "cluster started: {} nodes uncordoned, the shutdown's record removed; the controllers' Pending pods schedule now",
         report.uncordoned.len()
     );
-    Ok(EXIT_OK)
+    if report.failed.is_empty() {
+        Ok(EXIT_OK)
+    } else {
+        eprintln!(
+            "{} nodes are still cordoned by the shutdown: `nodeward uncordon NODE` each (the record is removed)",
+            report.failed.len()
+        );
+        Ok(EXIT_FAILURE)
+    }
 }
 
 /// Uncordons in flight at once: a Node write each, as many as a drain's default evictions.

@@ -33,6 +33,35 @@ pub struct CordonRecord {
     /// asked for (`systemctl stop nodeward-drain`, `nodeward drain`) stays until they lift it.
     #[serde(default)]
     pub shutdown: bool,
+    /// The record of the nodeward cordon this one took over (a cluster shutdown meeting a node
+    /// cordoned for maintenance): the lifting moment gives the cordon back to it rather than
+    /// lifting it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<Box<CordonRecord>>,
+}
+
+/// Who is lifting a cordon: each moment lifts only the cordons it made ([`CordonRecord::is_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifter<'a> {
+    /// An operator's `nodeward uncordon`: any of nodeward's cordons.
+    Operator,
+    /// The agent once the node is back from a shutdown: a cordon made because the machine was
+    /// shutting down.
+    Shutdown,
+    /// The moment whose cordons carry this reason: a reboot's, a scale-down's, a cluster
+    /// shutdown's.
+    Reason(&'a str),
+}
+
+impl CordonRecord {
+    /// The one answer to "did this moment make this cordon".
+    pub fn is_for(&self, by: Lifter<'_>) -> bool {
+        match by {
+            Lifter::Operator => true,
+            Lifter::Shutdown => self.shutdown,
+            Lifter::Reason(r) => self.reason == r,
+        }
+    }
 }
 
 /// Whether the node is cordoned.
@@ -103,6 +132,21 @@ pub fn cordon_decision(node: &Node) -> CordonDecision {
     }
 }
 
+/// The record with which a moment cordoning for `reason` takes over nodeward's cordon made for
+/// another reason, so that nothing lifts it before that moment does (and that moment then gives
+/// it back: [`UncordonDecision::GiveBack`]). `None` when the cordon is not nodeward's or is
+/// already for `reason`.
+pub fn take_over(node: &Node, reason: &str, at: &str) -> Option<CordonRecord> {
+    let current = nodeward_cordon(node)?;
+    (current.reason != reason).then(|| CordonRecord {
+        reason: reason.to_string(),
+        at: at.to_string(),
+        excluded_from_lb: current.excluded_from_lb,
+        shutdown: false,
+        before: Some(Box::new(current)),
+    })
+}
+
 /// What to do when asked to uncordon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UncordonDecision {
@@ -110,6 +154,17 @@ pub enum UncordonDecision {
     Uncordon {
         /// Remove [`EXCLUDE_LB_LABEL`] too.
         remove_lb_label: bool,
+    },
+    /// nodeward's cordon, made by another moment than the lifter: it stays.
+    Kept {
+        /// The reason its record gives.
+        reason: String,
+    },
+    /// The lifter's cordon, which took over an earlier one of nodeward's: that one's record
+    /// goes back on, and the node stays cordoned.
+    GiveBack {
+        /// The earlier record.
+        to: CordonRecord,
     },
     /// Not cordoned; only a stale record (if any) to clean up.
     NotCordoned {
@@ -123,14 +178,18 @@ pub enum UncordonDecision {
     },
 }
 
-/// Decides an uncordon. `force` lifts someone else's cordon too.
-pub fn uncordon_decision(node: &Node, force: bool) -> UncordonDecision {
+/// Decides an uncordon by `by`. `force` lifts any cordon, someone else's too.
+pub fn uncordon_decision(node: &Node, force: bool, by: Lifter<'_>) -> UncordonDecision {
     if !is_cordoned(node) {
         return UncordonDecision::NotCordoned {
             stale_record: record(node).is_some(),
         };
     }
     match nodeward_cordon(node) {
+        Some(r) if !force && !r.is_for(by) => UncordonDecision::Kept { reason: r.reason },
+        Some(CordonRecord {
+            before: Some(to), ..
+        }) if !force && by != Lifter::Operator => UncordonDecision::GiveBack { to: *to },
         Some(r) => UncordonDecision::Uncordon {
             remove_lb_label: r.excluded_from_lb,
         },
@@ -206,27 +265,27 @@ mod tests {
     #[test]
     fn uncordon_decisions() {
         assert_eq!(
-            uncordon_decision(&node(true, Some(OURS)), false),
+            uncordon_decision(&node(true, Some(OURS)), false, Lifter::Operator),
             UncordonDecision::Uncordon {
                 remove_lb_label: true
             }
         );
         assert_eq!(
-            uncordon_decision(&bare(true, None), false),
+            uncordon_decision(&bare(true, None), false, Lifter::Operator),
             UncordonDecision::ByOther { who: None }
         );
         assert_eq!(
-            uncordon_decision(&node(true, None), true),
+            uncordon_decision(&node(true, None), true, Lifter::Operator),
             UncordonDecision::Uncordon {
                 remove_lb_label: false
             }
         );
         assert_eq!(
-            uncordon_decision(&node(false, Some(OURS)), false),
+            uncordon_decision(&node(false, Some(OURS)), false, Lifter::Operator),
             UncordonDecision::NotCordoned { stale_record: true }
         );
         assert_eq!(
-            uncordon_decision(&node(false, None), false),
+            uncordon_decision(&node(false, None), false, Lifter::Operator),
             UncordonDecision::NotCordoned {
                 stale_record: false
             }
@@ -300,7 +359,7 @@ mod tests {
             };
             assert_eq!(cordon_decision(&n), want, "{what}");
             let lifts = matches!(
-                uncordon_decision(&n, false),
+                uncordon_decision(&n, false, Lifter::Operator),
                 UncordonDecision::Uncordon { .. }
             );
             assert_eq!(lifts, ours, "{what}");
@@ -319,9 +378,146 @@ mod tests {
         }))
         .expect("node");
         assert_eq!(
-            uncordon_decision(&n, false),
+            uncordon_decision(&n, false, Lifter::Operator),
             UncordonDecision::ByOther {
                 who: Some("kubectl-cordon at 2026-01-02T03:04:05Z".into())
+            }
+        );
+    }
+
+    fn with_record(r: &CordonRecord) -> Node {
+        node(true, Some(&serde_json::to_string(r).expect("json")))
+    }
+
+    fn rec(reason: &str, shutdown: bool) -> CordonRecord {
+        CordonRecord {
+            reason: reason.into(),
+            at: "2026-01-01T00:00:00Z".into(),
+            excluded_from_lb: false,
+            shutdown,
+            before: None,
+        }
+    }
+
+    /// Issue 58, item 2: each moment lifts only the cordons it made. A reboot's return does not
+    /// lift an operator's `nodeward cordon --reason disk` or a cluster shutdown's; `cluster
+    /// start` does not lift a maintenance cordon; the agent lifts only a shutdown's; an
+    /// operator's `nodeward uncordon` lifts any of nodeward's.
+    #[test]
+    fn each_moment_lifts_only_its_own_cordon() {
+        let reboot = Lifter::Reason("reboot");
+        let cluster = Lifter::Reason("nodeward cluster shutdown");
+        let kept = |r: &str| UncordonDecision::Kept { reason: r.into() };
+        let lift = UncordonDecision::Uncordon {
+            remove_lb_label: false,
+        };
+        let cases = [
+            (
+                "the reboot's own",
+                rec("reboot", false),
+                reboot,
+                lift.clone(),
+            ),
+            (
+                "an operator's, at the reboot's return",
+                rec("disk", false),
+                reboot,
+                kept("disk"),
+            ),
+            (
+                "a cluster shutdown's, at the reboot's return",
+                rec("nodeward cluster shutdown", false),
+                reboot,
+                kept("nodeward cluster shutdown"),
+            ),
+            (
+                "a maintenance cordon, at cluster start",
+                rec("maint", false),
+                cluster,
+                kept("maint"),
+            ),
+            (
+                "a shutdown's, by the agent",
+                rec("shutdown (poweroff)", true),
+                Lifter::Shutdown,
+                lift.clone(),
+            ),
+            (
+                "an operator's drain, by the agent",
+                rec("drain by operator", false),
+                Lifter::Shutdown,
+                kept("drain by operator"),
+            ),
+            (
+                "a reboot's, by the agent",
+                rec("reboot", false),
+                Lifter::Shutdown,
+                kept("reboot"),
+            ),
+            (
+                "anything of nodeward's, by the operator",
+                rec("reboot", false),
+                Lifter::Operator,
+                lift.clone(),
+            ),
+        ];
+        for (what, r, by, want) in cases {
+            assert_eq!(
+                uncordon_decision(&with_record(&r), false, by),
+                want,
+                "{what}"
+            );
+        }
+        // --force lifts whatever it is.
+        assert_eq!(
+            uncordon_decision(&with_record(&rec("disk", false)), true, reboot),
+            lift
+        );
+    }
+
+    /// A cluster shutdown takes over a maintenance cordon of nodeward's (so nothing lifts it
+    /// before `cluster start`), and `cluster start` gives it back instead of lifting it; an
+    /// operator's uncordon lifts both.
+    #[test]
+    fn a_cordon_taken_over_is_given_back() {
+        let reason = "nodeward cluster shutdown";
+        let maint = CordonRecord {
+            excluded_from_lb: true,
+            ..rec("maint", false)
+        };
+        let n = with_record(&maint);
+        let taken = take_over(&n, reason, "2026-02-02T00:00:00Z").expect("taken over");
+        assert_eq!(taken.reason, reason);
+        assert_eq!(taken.before.as_deref(), Some(&maint));
+        assert!(
+            taken.excluded_from_lb,
+            "the label nodeward added goes with the last lift"
+        );
+        assert_eq!(
+            take_over(&with_record(&taken), reason, "later"),
+            None,
+            "already the shutdown's"
+        );
+        assert_eq!(
+            take_over(&bare(true, None), reason, "later"),
+            None,
+            "someone else's"
+        );
+        let n = with_record(&taken);
+        assert_eq!(
+            uncordon_decision(&n, false, Lifter::Reason(reason)),
+            UncordonDecision::GiveBack { to: maint }
+        );
+        assert_eq!(
+            uncordon_decision(&n, false, Lifter::Reason("reboot")),
+            UncordonDecision::Kept {
+                reason: reason.into()
+            }
+        );
+        assert_eq!(
+            uncordon_decision(&n, false, Lifter::Operator),
+            UncordonDecision::Uncordon {
+                remove_lb_label: true
             }
         );
     }

@@ -27,7 +27,7 @@ use tracing::{debug, error, info, warn};
 
 use super::cgroups::Cgroups;
 use super::cordon::{
-    self, CORDONED_BY, CordonDecision, CordonRecord, EXCLUDE_LB_LABEL, UncordonDecision,
+    self, CORDONED_BY, CordonDecision, CordonRecord, EXCLUDE_LB_LABEL, Lifter, UncordonDecision,
 };
 use super::explain;
 use super::narrate::Narrator;
@@ -350,6 +350,12 @@ pub enum CordonOutcome {
     AlreadyOurs,
     /// Someone else had cordoned it; their cordon stays theirs.
     AlreadyByOther,
+    /// nodeward had cordoned it for another reason; the cordon is now this one's, and goes back
+    /// to that reason when this one is lifted ([`cordon::take_over`]).
+    TakenOver {
+        /// The earlier reason.
+        from: String,
+    },
 }
 
 /// What an uncordon did.
@@ -359,6 +365,17 @@ pub enum UncordonOutcome {
     Uncordoned,
     /// It was not cordoned.
     NotCordoned,
+    /// nodeward's cordon for another moment: it stays (the lifter did not make it).
+    Kept {
+        /// The reason its record gives.
+        reason: String,
+    },
+    /// This moment's cordon had taken over an earlier one of nodeward's: given back to it, the
+    /// node still cordoned.
+    GivenBack {
+        /// The earlier reason, now the cordon's again.
+        reason: String,
+    },
 }
 
 fn api_err<'n>(node: &'n str, action: &'static str) -> impl FnOnce(kube::Error) -> Error + 'n {
@@ -381,7 +398,28 @@ pub async fn cordon(
     reason: &str,
     exclude_lb: bool,
 ) -> Result<CordonOutcome> {
-    cordon_recorded(client, node, reason, exclude_lb, false).await
+    cordon_recorded(client, node, reason, exclude_lb, Kind::Plain).await
+}
+
+/// [`cordon`] for a moment that must own the cordon until it lifts it (a cluster shutdown): a
+/// cordon nodeward made for another reason is taken over ([`CordonOutcome::TakenOver`]).
+pub async fn cordon_taking_over(
+    client: &Client,
+    node: &str,
+    reason: &str,
+) -> Result<CordonOutcome> {
+    cordon_recorded(client, node, reason, false, Kind::TakeOver).await
+}
+
+/// What a cordon is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A plain one.
+    Plain,
+    /// Because the machine is shutting down.
+    Shutdown,
+    /// Taking over nodeward's cordon for another reason.
+    TakeOver,
 }
 
 /// [`cordon`] because the machine is shutting down: recorded as a shutdown cordon, which the
@@ -392,7 +430,7 @@ pub async fn cordon_for_shutdown(
     reason: &str,
     exclude_lb: bool,
 ) -> Result<CordonOutcome> {
-    cordon_recorded(client, node, reason, exclude_lb, true).await
+    cordon_recorded(client, node, reason, exclude_lb, Kind::Shutdown).await
 }
 
 /// [`node_write::write_guarded`] with this module's errors.
@@ -416,16 +454,30 @@ async fn write_node_guarded<T: std::fmt::Debug>(
     }
 }
 
-/// [`cordon`], recording whether the cordon is for a shutdown.
+/// [`cordon`], recording what the cordon is for.
 async fn cordon_recorded(
     client: &Client,
     node: &str,
     reason: &str,
     exclude_lb: bool,
-    shutdown: bool,
+    kind: Kind,
 ) -> Result<CordonOutcome> {
     write_node_guarded(client, node, "cordon", |current| {
         match cordon::cordon_decision(current) {
+            CordonDecision::AlreadyOurs if kind == Kind::TakeOver => {
+                let now = jiff::Timestamp::now().to_string();
+                let Some(record) = cordon::take_over(current, reason, &now) else {
+                    return Ok(NodeWrite::Done(CordonOutcome::AlreadyOurs));
+                };
+                let from = record
+                    .before
+                    .as_ref()
+                    .map(|b| b.reason.clone())
+                    .unwrap_or_default();
+                let text = serde_json::to_string(&record).unwrap_or_default();
+                let patch = json!({"metadata": {"annotations": {CORDONED_BY: text}}});
+                return Ok(NodeWrite::Patch(patch, CordonOutcome::TakenOver { from }));
+            }
             CordonDecision::AlreadyOurs => return Ok(NodeWrite::Done(CordonOutcome::AlreadyOurs)),
             CordonDecision::AlreadyByOther => {
                 info!(
@@ -446,7 +498,8 @@ async fn cordon_recorded(
             reason: reason.to_string(),
             at: jiff::Timestamp::now().to_string(),
             excluded_from_lb: add_lb,
-            shutdown,
+            shutdown: kind == Kind::Shutdown,
+            before: None,
         };
         let mut patch = json!({
             "metadata": {
@@ -462,11 +515,25 @@ async fn cordon_recorded(
     .await
 }
 
-/// Lifts nodeward's own cordon; refuses someone else's unless `force`.
-pub async fn uncordon(client: &Client, node: &str, force: bool) -> Result<UncordonOutcome> {
+/// Lifts nodeward's own cordon if `by` made it ([`cordon::uncordon_decision`]): another
+/// moment's stays ([`UncordonOutcome::Kept`]), one this moment took over goes back to its
+/// earlier reason ([`UncordonOutcome::GivenBack`]); refuses someone else's unless `force`.
+pub async fn uncordon(
+    client: &Client,
+    node: &str,
+    force: bool,
+    by: Lifter<'_>,
+) -> Result<UncordonOutcome> {
     write_node_guarded(client, node, "uncordon", |current| {
         let mut patch = json!({"metadata": {"annotations": {CORDONED_BY: null}}});
-        Ok(match cordon::uncordon_decision(current, force) {
+        Ok(match cordon::uncordon_decision(current, force, by) {
+            UncordonDecision::Kept { reason } => NodeWrite::Done(UncordonOutcome::Kept { reason }),
+            UncordonDecision::GiveBack { to } => {
+                let reason = to.reason.clone();
+                let text = serde_json::to_string(&to).unwrap_or_default();
+                patch["metadata"]["annotations"][CORDONED_BY] = json!(text);
+                NodeWrite::Patch(patch, UncordonOutcome::GivenBack { reason })
+            }
             UncordonDecision::ByOther { who } => {
                 return Err(Error::CordonedByOther {
                     node: node.to_string(),
@@ -1100,7 +1167,11 @@ impl<'a> Drain<'a> {
             self.node,
             &self.opts.reason,
             self.opts.exclude_from_load_balancers,
-            self.opts.shutdown,
+            if self.opts.shutdown {
+                Kind::Shutdown
+            } else {
+                Kind::Plain
+            },
         );
         if self.by_deadline(deadline, "cordon", cordon).await? == CordonOutcome::Cordoned {
             if let Some(c) = &self.opts.cordoned {

@@ -22,7 +22,8 @@ pub mod surge;
 mod surging;
 pub mod unsatisfiable;
 
+pub use cordon::Lifter;
 pub use exec::{
     CordonOutcome, DrainOptions, DrainOutcome, DrainReport, Gone, UncordonOutcome, cordon,
-    cordon_for_shutdown, drain, dry_run, uncordon,
+    cordon_for_shutdown, cordon_taking_over, drain, dry_run, uncordon,
 };

@@ -26,6 +26,9 @@ pub use crate::config::SLOT_PREFIX;
 /// The Node condition the coordinator writes.
 pub const CONDITION_TYPE: &str = "nodeward.io/Reboot";
 
+/// The reason the reboot's cordon records: the reboot lifts only a cordon that gives it.
+pub const CORDON_REASON: &str = "reboot";
+
 /// kured's lock annotation (on its DaemonSet), whose presence means kured reboots nodes here.
 pub const KURED_LOCK: &str = "weave.works/kured-node-lock";
 

@@ -483,7 +483,7 @@ fn running(p: &Pod) -> bool {
 /// Draining and rebooting.
 impl Coordinator {
     fn drain_options(&self) -> DrainOptions {
-        let mut opts = DrainOptions::for_leaving_node(&self.drain, "reboot", false);
+        let mut opts = DrainOptions::for_leaving_node(&self.drain, super::CORDON_REASON, false);
         // Recorded as a shutdown cordon: the agent lifts it once the node is back, as after any
         // reboot it drained for.
         opts.shutdown = true;
@@ -744,12 +744,7 @@ impl Coordinator {
                 let msg = format!("rebooted; waiting for {what}");
                 self.settling(client, &r, &msg).await;
             }
-            BackStep::Uncordon => {
-                match crate::drain::exec::uncordon(client, &self.node, false).await {
-                    Ok(outcome) => info!(?outcome, "lifted the reboot's cordon"),
-                    Err(e) => warn!(error = %e, "cannot lift the reboot's cordon"),
-                }
-            }
+            BackStep::Uncordon => self.lift_cordon(client, "back").await,
             BackStep::Settle { since, until } => {
                 self.back_since = Some(since);
                 let msg = format!("back; the slot goes to the next node at {until}");
@@ -795,12 +790,25 @@ impl Coordinator {
         .await;
     }
 
-    /// Gives up the reboot: lift the cordon (nodeward's only), give the slot back, say why.
-    async fn give_back(&mut self, client: &kube::Client, r: &Record, why: &str, result: &str) {
-        match crate::drain::exec::uncordon(client, &self.node, false).await {
-            Ok(outcome) => info!(?outcome, "reboot given up: uncordoned"),
-            Err(e) => warn!(error = %e, "reboot given up: cannot uncordon"),
+    /// Lifts the reboot's own cordon, never another's (an operator's `nodeward cordon`, a
+    /// cluster shutdown's, a scale-down's: kept, and said).
+    async fn lift_cordon(&self, client: &kube::Client, when: &str) {
+        let by = crate::drain::Lifter::Reason(super::CORDON_REASON);
+        match crate::drain::exec::uncordon(client, &self.node, false, by).await {
+            Ok(crate::drain::UncordonOutcome::Kept { reason }) => {
+                info!(cordon = %reason, "{when}: the node is cordoned by another of nodeward's moments; its cordon stays");
+            }
+            Ok(outcome) => info!(?outcome, "{when}: the reboot's cordon lifted"),
+            Err(crate::drain::exec::Error::CordonedByOther { who, .. }) => {
+                info!(by = ?who, "{when}: cordoned by someone else; their cordon stays");
+            }
+            Err(e) => warn!(error = %e, "{when}: cannot lift the reboot's cordon"),
         }
+    }
+
+    /// Gives up the reboot: lift the cordon (the reboot's only), give the slot back, say why.
+    async fn give_back(&mut self, client: &kube::Client, r: &Record, why: &str, result: &str) {
+        self.lift_cordon(client, "reboot given up").await;
         let msg = if result == "abandoned" {
             format!("not rebooting: {why}")
         } else {
@@ -835,7 +843,9 @@ fn returning(n: &Node, gates_pass: bool) -> Return {
     let is_true = |t: &str| crate::node_write::condition(n, t).is_some_and(|c| c.status == "True");
     let cordon = if !crate::drain::cordon::is_cordoned(n) {
         Cordon::None
-    } else if crate::drain::cordon::nodeward_cordon(n).is_some() {
+    } else if crate::drain::cordon::nodeward_cordon(n)
+        .is_some_and(|r| r.is_for(crate::drain::Lifter::Reason(super::CORDON_REASON)))
+    {
         Cordon::Ours
     } else {
         Cordon::Other

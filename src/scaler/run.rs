@@ -26,6 +26,10 @@ use super::metrics::{self, Metrics};
 use super::model::{self, Backoff, SCALE_DOWN_FAILED, Snapshot, UNNEEDED_SINCE};
 use super::provider::{self, CLUSTER_TAG, CreateSpec, POOL_TAG, Provider};
 use super::{SCALE_DOWN_REASON, token};
+
+/// The scale-down lifts only its own cordon when it gives a node back.
+const SCALE_DOWN_LIFTER: crate::drain::Lifter<'static> =
+    crate::drain::Lifter::Reason(SCALE_DOWN_REASON);
 use crate::config::{GroupSettings, ScalerSettings, Settings};
 use crate::drain::{DrainOptions, DrainOutcome, DrainReport};
 use crate::lease::Elector;
@@ -1262,7 +1266,7 @@ impl<P: Provider + 'static> Inner<P> {
             format!("drain ended {:?}; node uncordoned", r.outcome),
         )
         .await;
-        if let Err(e) = crate::drain::uncordon(&self.client, node, false).await {
+        if let Err(e) = crate::drain::uncordon(&self.client, node, false, SCALE_DOWN_LIFTER).await {
             warn!(node, error = %e, "cannot uncordon after a failed scale-down");
         }
         // Remember what the node held, so decide does not pick it again for the same
@@ -1298,7 +1302,7 @@ impl<P: Provider + 'static> Inner<P> {
             group,
             node, "scale-down cancelled: the node was opted out since it began"
         );
-        if let Err(e) = crate::drain::uncordon(&self.client, node, false).await {
+        if let Err(e) = crate::drain::uncordon(&self.client, node, false, SCALE_DOWN_LIFTER).await {
             warn!(node, error = %e, "cannot uncordon the opted-out node; the next pass retries");
             return;
         }

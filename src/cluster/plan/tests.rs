@@ -218,11 +218,15 @@ fn start_lifts_only_the_shutdowns_own_cordons() {
         node("listed-now-operators", true, "kubectl-cordon", ours),
         node("nodeward-drain", true, "nodeward", Some("nodeward drain")),
         node("listed-uncordoned", false, "nodeward", ours),
+        // Issue 58, item 2: `kubectl uncordon X; nodeward cordon X --reason maint` during the
+        // shutdown: nodeward's cordon, but the operator's moment, not the shutdown's.
+        node("listed-now-maint", true, "nodeward", Some("maint")),
     ];
     let recorded = BTreeSet::from([
         "listed".to_string(),
         "listed-now-operators".to_string(),
         "listed-uncordoned".to_string(),
+        "listed-now-maint".to_string(),
         "gone".to_string(),
     ]);
     assert_eq!(
@@ -230,6 +234,7 @@ fn start_lifts_only_the_shutdowns_own_cordons() {
         StartPlan {
             lift: vec!["listed".into(), "unlisted-but-ours".into()],
             not_ours: vec!["listed-now-operators".into()],
+            kept: vec![("listed-now-maint".into(), "maint".into())],
         }
     );
 }
