@@ -329,17 +329,30 @@ impl Agent {
 /// API server answers in milliseconds; one that does not answer costs the drain no more.
 const INTENT_LIMIT: Duration = Duration::from_secs(1);
 
-/// Whether a cluster shutdown is recorded (`nodeward cluster shutdown`), asked once as the
-/// shutdown drain starts, for at most [`INTENT_LIMIT`] and `share` (a tenth of the drain's time:
-/// a short deadline is not spent on the question). No answer is a no: the drain waits on
-/// budgets, as it always did.
-async fn cluster_shutdown_recorded(client: &kube::Client, share: Duration) -> bool {
-    tokio::time::timeout(
-        INTENT_LIMIT.min(share),
-        crate::cluster::intent_exists(client),
-    )
-    .await
-    .unwrap_or(false)
+/// Whether a live cluster shutdown is recorded (`nodeward cluster shutdown`) for `node`: the
+/// intent exists and the node holds the shutdown's cordon ([`crate::cluster::intent::is_live`]).
+/// Asked once as the shutdown drain starts, for at most [`INTENT_LIMIT`] and `share` (a tenth
+/// of the drain's time: a short deadline is not spent on the question). No answer is a no, and
+/// so is a stale intent (no cordon of its own left here: an interrupted shutdown, uncordoned
+/// by hand): the drain waits on budgets, as it always did.
+async fn cluster_shutdown_recorded(client: &kube::Client, node: &str, share: Duration) -> bool {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let asked = async { tokio::join!(crate::cluster::intent_exists(client), nodes.get_opt(node)) };
+    match tokio::time::timeout(INTENT_LIMIT.min(share), asked).await {
+        Ok((true, Ok(Some(me)))) if crate::cluster::intent::is_live([&me]) => true,
+        Ok((true, Ok(_))) => {
+            warn!(
+                node,
+                "a cluster shutdown is recorded but this node does not hold its cordon (stale, or this node joined after it): not obeyed; the drain waits on budgets"
+            );
+            false
+        }
+        Ok((true, Err(e))) => {
+            warn!(node, error = %e, "a cluster shutdown is recorded but this Node cannot be read to judge it: not obeyed; the drain waits on budgets");
+            false
+        }
+        _ => false,
+    }
 }
 
 pub(super) fn outcome(outcome: ShutdownOutcome) -> DrainSummary {
@@ -504,7 +517,7 @@ async fn drain_leaving(
     mut opts: crate::drain::DrainOptions,
 ) -> DrainSummary {
     let left = until.saturating_duration_since(Instant::now());
-    opts.cluster_shutdown = cluster_shutdown_recorded(&client, left / 10).await;
+    opts.cluster_shutdown = cluster_shutdown_recorded(&client, &node, left / 10).await;
     if opts.cluster_shutdown {
         info!(node = %node, "a cluster shutdown is recorded: the drain waits on no budget");
     }

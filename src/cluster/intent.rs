@@ -104,9 +104,60 @@ impl Intent {
     }
 }
 
+/// Whether `intent` is still obeyed, judged from `nodes` (all of the cluster's, or the one node
+/// an agent asks for): live while any of them holds the shutdown's own cordon (nodeward's, its
+/// record giving the shutdown's reason: listed or cordoned just before the list was written).
+/// Once every such cordon is gone — lifted by hand after an interrupted shutdown, the nodes
+/// deleted — the intent is stale: reported, not obeyed. No timer: the power-off follows the
+/// operator's run, so a record renewed by that run would go stale exactly when the shutdown
+/// drains read it.
+pub fn is_live<'a>(nodes: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Node>) -> bool {
+    use crate::drain::cordon::{Lifter, nodeward_cordon};
+    let by = Lifter::Reason(super::CORDON_REASON);
+    nodes
+        .into_iter()
+        .any(|n| nodeward_cordon(n).is_some_and(|r| r.is_for(by)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node(
+        unschedulable: bool,
+        manager: &str,
+        reason: Option<&str>,
+    ) -> k8s_openapi::api::core::v1::Node {
+        let mut v = serde_json::json!({
+            "metadata": {"name": "n", "managedFields": [{"manager": manager, "operation": "Update",
+                "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:unschedulable": {}}}}]},
+            "spec": {"unschedulable": unschedulable}
+        });
+        if let Some(r) = reason {
+            let record = serde_json::json!({"reason": r, "at": "2026-01-01T00:00:00Z"}).to_string();
+            v["metadata"]["annotations"] = serde_json::json!({crate::names::CORDONED_BY: record});
+        }
+        serde_json::from_value(v).expect("node")
+    }
+
+    /// Issue 58, item 3: an intent is obeyed only while a node still holds the shutdown's
+    /// cordon. After an interrupted shutdown and a reflexive `kubectl uncordon` of every node
+    /// (or the nodes' deletion) it is stale; a node cordoned since for another reason, by
+    /// nodeward or by hand, does not keep it live.
+    #[test]
+    fn an_intent_is_live_only_while_a_node_holds_the_shutdowns_cordon() {
+        let ours = Some(crate::cluster::CORDON_REASON);
+        let held = node(true, "nodeward", ours);
+        let uncordoned = node(false, "kubectl-cordon", ours);
+        let by_hand = node(true, "kubectl-cordon", ours);
+        let maint = node(true, "nodeward", Some("maint"));
+        assert!(is_live([&uncordoned, &held]));
+        assert!(
+            !is_live([&uncordoned, &by_hand, &maint]),
+            "every shutdown cordon lifted"
+        );
+        assert!(!is_live(std::iter::empty()), "the nodes are gone");
+    }
 
     #[test]
     fn data_round_trips() {

@@ -219,6 +219,14 @@ pub enum Action {
         /// When it started (RFC 3339).
         started_at: String,
     },
+    /// A cluster shutdown is recorded, but no node holds its cordon any more: stale, reported,
+    /// and not obeyed (the scaler acts as usual).
+    StaleClusterShutdown {
+        /// Who asked for it.
+        requested_by: String,
+        /// When it started (RFC 3339).
+        started_at: String,
+    },
 }
 
 /// The cluster-health guard's verdict on a snapshot: `Some((unready, total))` when more than
@@ -875,17 +883,27 @@ fn headroom(s: &ScalerSettings, gi: usize, planned: &[u32], size: &[u32]) -> u32
 }
 
 /// Decides what to do, in five phases that each read the snapshot and the plan so far. See the
-/// module documentation. While a cluster shutdown is recorded, nothing: the cordoned nodes and
-/// Pending pods are the operator's plan, not a fault to repair or a demand to scale for.
+/// module documentation. While a live cluster shutdown is recorded, nothing: the cordoned nodes
+/// and Pending pods are the operator's plan, not a fault to repair or a demand to scale for. A
+/// stale one (no node holds its cordon) is reported and not obeyed.
 pub fn decide(snap: &Snapshot, now: Timestamp, s: &ScalerSettings) -> Vec<Action> {
+    let mut stale = None;
     if let Some(cs) = &snap.cluster_shutdown {
-        return vec![Action::ClusterShutdown {
-            requested_by: cs.requested_by.clone(),
-            started_at: cs.started_at.clone(),
-        }];
+        let (requested_by, started_at) = (cs.requested_by.clone(), cs.started_at.clone());
+        if cs.live {
+            return vec![Action::ClusterShutdown {
+                requested_by,
+                started_at,
+            }];
+        }
+        stale = Some(Action::StaleClusterShutdown {
+            requested_by,
+            started_at,
+        });
     }
     let cx = Context::new(snap, now, s);
     let mut plan = Plan::new(&cx);
+    plan.actions.extend(stale);
     let guard = unhealthy(snap, s);
     repair(&cx, &mut plan, guard);
     scale_up(&cx, &mut plan);

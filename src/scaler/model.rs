@@ -389,6 +389,10 @@ pub struct ClusterShutdownView {
     pub requested_by: String,
     /// RFC 3339 time it started.
     pub started_at: String,
+    /// A node still holds the shutdown's cordon ([`crate::cluster::intent::is_live`]): obeyed.
+    /// Otherwise stale (an interrupted shutdown whose cordons were lifted by hand): reported,
+    /// not obeyed.
+    pub live: bool,
 }
 
 /// FNV-1a's offset basis.

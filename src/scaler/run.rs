@@ -569,17 +569,20 @@ impl<P: Provider + 'static> Inner<P> {
         let cluster_shutdown = match cluster_shutdown {
             // A scaler whose RBAC predates cluster shutdowns acts as it did.
             Err(kube::Error::Api(s)) if s.code == 403 => {
-                warn!("cannot read ConfigMap kube-system/nodeward-cluster-shutdown (needs get on it: apply packaging/kubernetes/rbac-scaler.yaml); a cluster shutdown would not pause this scaler");
+                warn!(
+                    "cannot read ConfigMap kube-system/nodeward-cluster-shutdown (needs get on it: apply packaging/kubernetes/rbac-scaler.yaml); a cluster shutdown would not pause this scaler"
+                );
                 None
             }
             other => other.map_err(api("read ConfigMap kube-system/nodeward-cluster-shutdown"))?,
-        }
-        .map(|i| model::ClusterShutdownView {
-                requested_by: i.requested_by,
-                started_at: i.started_at,
-            });
+        };
         let daemonsets = daemonsets?;
         let nodes = nodes.map_err(api("list nodes"))?;
+        let cluster_shutdown = cluster_shutdown.map(|i| model::ClusterShutdownView {
+            requested_by: i.requested_by,
+            started_at: i.started_at,
+            live: crate::cluster::intent::is_live(&nodes.items),
+        });
         let pods = pods.map_err(api("list pods"))?;
         let status = status.map_err(api("read the status ConfigMap"))?;
         let budgets = budgets.map_err(api("list poddisruptionbudgets"))?;
@@ -790,7 +793,7 @@ impl<P: Provider + 'static> Inner<P> {
                 ..
             } => self.start_scale_down(group, node, machine),
             // Logged with the pass's decisions; nothing to carry out.
-            Action::ClusterShutdown { .. } => {}
+            Action::ClusterShutdown { .. } | Action::StaleClusterShutdown { .. } => {}
         }
     }
 
@@ -1485,6 +1488,15 @@ fn log_action(a: &Action, dry_run: bool) {
             requested_by,
             started_at,
             "a cluster shutdown is recorded: no scale-up, scale-down or repair until `nodeward cluster start`"
+        ),
+        Action::StaleClusterShutdown {
+            requested_by,
+            started_at,
+        } => warn!(
+            dry_run,
+            requested_by,
+            started_at,
+            "a cluster shutdown is recorded but stale: no node holds its cordon any more (lifted by hand after an interrupted shutdown?); not obeyed: `nodeward cluster start` removes the record"
         ),
         Action::GuardHolds {
             group,

@@ -2013,6 +2013,7 @@ mod phases {
                 Action::ClearBackOff { .. } => "ClearBackOff",
                 Action::GuardHolds { .. } => "GuardHolds",
                 Action::ClusterShutdown { .. } => "ClusterShutdown",
+                Action::StaleClusterShutdown { .. } => "StaleClusterShutdown",
             })
             .collect()
     }
@@ -2858,6 +2859,7 @@ fn a_cluster_shutdown_pauses_every_decision() {
     let shutdown = crate::scaler::model::ClusterShutdownView {
         requested_by: "alice".into(),
         started_at: "2026-01-01T00:00:00Z".into(),
+        live: true,
     };
     for (what, snap) in cases {
         let now = at(60);
@@ -2877,5 +2879,28 @@ fn a_cluster_shutdown_pauses_every_decision() {
             }],
             "{what}"
         );
+        // Issue 58, item 3: a stale record (no node holds the shutdown's cordon any more) is
+        // reported and not obeyed: the scaler does what it would without it.
+        let stale = Snapshot {
+            cluster_shutdown: Some(crate::scaler::model::ClusterShutdownView {
+                live: false,
+                ..shutdown.clone()
+            }),
+            ..paused
+        };
+        let acted = decide(&stale, now, &s);
+        assert_eq!(
+            acted.first(),
+            Some(&Action::StaleClusterShutdown {
+                requested_by: "alice".into(),
+                started_at: "2026-01-01T00:00:00Z".into(),
+            }),
+            "{what}"
+        );
+        let without = Snapshot {
+            cluster_shutdown: None,
+            ..stale
+        };
+        assert_eq!(acted[1..], decide(&without, now, &s)[..], "{what}");
     }
 }
