@@ -431,6 +431,12 @@ pub async fn shutdown(
         intent.requested_by,
         intent.started_at
     ));
+    if resumed && intent.reason != opts.reason {
+        say(&format!(
+            "the resumed shutdown keeps its recorded reason {:?}; --reason {:?} is not recorded",
+            intent.reason, opts.reason
+        ));
+    }
     let mine = cordon_all(client, &names, opts.concurrency, say).await?;
     say(&format!("cordoned {} of {} nodes", mine.len(), names.len()));
     intent.cordoned.extend(mine);
