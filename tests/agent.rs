@@ -1852,11 +1852,13 @@ async fn logind_a_cancelled_shutdown_ends_its_drain_on_the_node() {
     h.shutdown().await;
 }
 
-/// While `nodeward cluster shutdown`'s intent is recorded, the agent's shutdown drain knows it
-/// (read once as the drain starts) and says so; without the record it does not.
+/// While `nodeward cluster shutdown`'s intent is recorded and live, the agent's shutdown drain
+/// knows it (read once as the drain starts) and says so; without the record it does not, and
+/// (issue 58, item 3) a stale record — its node does not hold the shutdown's cordon (an
+/// interrupted shutdown, uncordoned by hand) — is said and not obeyed.
 #[tokio::test]
 async fn logind_a_shutdown_drain_reads_the_cluster_shutdowns_intent() {
-    for recorded in [false, true] {
+    for (recorded, held) in [(false, false), (true, true), (true, false)] {
         let h = dbusmock_logind().await;
         let emu = emulator().await;
         seed_tainted_node(&emu);
@@ -1867,7 +1869,7 @@ async fn logind_a_shutdown_drain_reads_the_cluster_shutdowns_intent() {
                 "apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": nodeward::names::CLUSTER_SHUTDOWN_CONFIGMAP,
                              "namespace": nodeward::names::CLUSTER_SHUTDOWN_NAMESPACE},
-                "data": {"phase": "stopped", "cordoned": "[]"}
+                "data": {"phase": "stopped", "cordoned": format!("[\"{NODE}\"]")}
             }))
             .expect("intent");
         }
@@ -1884,14 +1886,22 @@ async fn logind_a_shutdown_drain_reads_the_cluster_shutdowns_intent() {
             .await;
         agent.write_flannel();
         wait_node(&emu, "schedulable", schedulable).await;
+        if held {
+            let c = client(&emu).await;
+            nodeward::drain::cordon(&c, NODE, nodeward::cluster::CORDON_REASON, false)
+                .await
+                .expect("the shutdown's cordon");
+        }
         h.emit_prepare_for_shutdown(true).await.expect("signal");
         let st = agent
             .wait_status("the drain ended", |s| s.last_drain.is_some())
             .await;
-        let said = agent
-            .log_text()
-            .contains("a cluster shutdown is recorded: the drain waits on no budget");
-        assert_eq!(said, recorded, "{st}\n{}", agent.log_text());
+        let log = agent.log_text();
+        let said = log.contains("a cluster shutdown is recorded: the drain waits on no budget");
+        assert_eq!(said, recorded && held, "{st}\n{log}");
+        let stale =
+            log.contains("a cluster shutdown is recorded but this node does not hold its cordon");
+        assert_eq!(stale, recorded && !held, "{st}\n{log}");
         h.shutdown().await;
     }
 }

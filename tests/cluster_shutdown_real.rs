@@ -300,6 +300,22 @@ async fn cordon_of(admin: &kube::Client, name: &str) -> (bool, Vec<String>, bool
     (nodeward::drain::cordon::is_cordoned(&n), owners, record)
 }
 
+/// `kubectl cordon` (or `uncordon`) of `name`, as kubectl writes it: its field manager.
+async fn kubectl_cordon(admin: &kube::Client, name: &str, cordon: bool) {
+    let pp = PatchParams {
+        field_manager: Some("kubectl-cordon".into()),
+        ..PatchParams::default()
+    };
+    Api::<Node>::all(admin.clone())
+        .patch(
+            name,
+            &pp,
+            &Patch::Merge(json!({"spec": {"unschedulable": cordon}})),
+        )
+        .await
+        .expect("kubectl's cordon or uncordon");
+}
+
 struct Setup {
     admin: kube::Client,
     ns: String,
@@ -323,18 +339,7 @@ async fn setup(cluster: &Cluster) -> Setup {
     cluster
         .add_node(&operators_node, &[("cs-test", &ns)], json!([]))
         .await;
-    let pp = PatchParams {
-        field_manager: Some("kubectl-cordon".into()),
-        ..PatchParams::default()
-    };
-    Api::<Node>::all(admin.clone())
-        .patch(
-            &operators_node,
-            &pp,
-            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
-        )
-        .await
-        .expect("operator's cordon");
+    kubectl_cordon(&admin, &operators_node, true).await;
     for (suffix, value) in [("low", -100), ("high", 1000)] {
         let pc: PriorityClass = serde_json::from_value(
             json!({"metadata": {"name": format!("{ns}-{suffix}")}, "value": value}),
@@ -689,18 +694,7 @@ async fn cluster_shutdown_takes_over_nodewards_cordons_and_start_gives_them_back
     assert!(text.contains("taken over by the shutdown"), "{text}");
 
     // During the shutdown: `kubectl uncordon` by hand, then `nodeward cordon --reason`.
-    let by_hand = PatchParams {
-        field_manager: Some("kubectl-cordon".into()),
-        ..PatchParams::default()
-    };
-    Api::<Node>::all(admin.clone())
-        .patch(
-            &later,
-            &by_hand,
-            &Patch::Merge(json!({"spec": {"unschedulable": false}})),
-        )
-        .await
-        .expect("uncordon by hand");
+    kubectl_cordon(&admin, &later, false).await;
     let out = nodeward(&admin_kc, &["cordon", &later, "--reason", "maint2"]);
     assert!(out.status.success(), "{}", output_text(&out));
 

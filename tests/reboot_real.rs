@@ -855,6 +855,77 @@ async fn a_hanging_reboot_command_ends_in_reboot_failed(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &mut [a]).await;
 }
 
+/// Issue 58, item 2: an operator's `nodeward cordon --reason disk` made while a reboot
+/// settles is not the reboot's to lift: the reboot finishes (`RebootDone`, the slot released)
+/// and the operator's cordon stays. Before, the settling reboot lifted any cordon of nodeward's
+/// (0.1 s after it was made, seen from outside).
+async fn a_settling_reboot_keeps_an_operators_cordon(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    free_slots(&admin).await;
+    let ns = unique("settle");
+    let extra = format!("health_nodes = \"nodeward-test/pool={ns}\"");
+    let mut m = Machine::new(&format!("{ns}-a"), &extra);
+    cluster
+        .add_node(&m.name, &[("nodeward-test/pool", &ns)], json!([]))
+        .await;
+    m.start(&cluster);
+    m.ask();
+    let t0 = Instant::now();
+    while !m.reboot_if_asked(&cluster) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no reboot:\n{}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let nodes: Api<Node> = Api::all(admin.clone());
+    loop {
+        let n = nodes.get(&m.name).await.expect("node");
+        let settling = reboot_condition(&n).is_some_and(|(_, r)| r == "Settling");
+        if settling && !nodeward::drain::cordon::is_cordoned(&n) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "never settling, uncordoned:\n{}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nodeward::drain::cordon(&admin, &m.name, "disk", false)
+        .await
+        .expect("the operator's nodeward cordon");
+    loop {
+        let n = nodes.get(&m.name).await.expect("node");
+        if reboot_condition(&n).is_some_and(|(_, r)| r == "RebootDone") {
+            break;
+        }
+        let cordon = nodeward::drain::cordon::nodeward_cordon(&n);
+        assert_eq!(
+            cordon.as_ref().map(|r| r.reason.as_str()),
+            Some("disk"),
+            "the operator's cordon was lifted while the reboot settled:\n{}",
+            m.log()
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no RebootDone:\n{}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let n = nodes.get(&m.name).await.expect("node");
+    let cordon = nodeward::drain::cordon::nodeward_cordon(&n).map(|r| r.reason);
+    assert_eq!(
+        cordon.as_deref(),
+        Some("disk"),
+        "the operator's cordon stays after RebootDone"
+    );
+    assert_eq!(holders(&admin, 1).await, [None], "the slot released");
+    teardown(&cluster, &admin, &ns, &mut [m]).await;
+}
+
 real_only! {
     a_firing_alert_holds_the_reboot => super::a_firing_alert_holds_the_reboot;
     kureds_lock_holds_the_reboot => super::kureds_lock_holds_the_reboot;
@@ -862,4 +933,5 @@ real_only! {
     a_fleet_reboots_two_at_a_time_within_its_budget => super::a_fleet_reboots_two_at_a_time_within_its_budget;
     a_dead_holders_slot_frees_itself_when_its_lease_expires => super::a_dead_holders_slot_frees_itself_when_its_lease_expires;
     a_hanging_reboot_command_ends_in_reboot_failed => super::a_hanging_reboot_command_ends_in_reboot_failed;
+    a_settling_reboot_keeps_an_operators_cordon => super::a_settling_reboot_keeps_an_operators_cordon;
 }

@@ -64,16 +64,7 @@ pub async fn run(
         .default_backoff()
         .reflect(writer)
         .boxed();
-    // The node heartbeats, only for the out-of-service taint (the only reader of them).
-    let mut leases = match opts.out_of_service {
-        Some(_) => watcher(
-            Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .boxed(),
-        None => futures::stream::pending().boxed(),
-    };
+    let mut leases = heartbeat_watch(&client, &opts);
     let mut heartbeats = Heartbeats::default();
     let recorder = crate::events::recorder(&client, "nodeward-controller", None);
     info!(mode = ?opts.mode, dry_run = opts.dry_run, out_of_service_after = ?opts.out_of_service, "readiness controller starting");
@@ -88,11 +79,7 @@ pub async fn run(
             () = &mut shutdown => break,
             _ = resync.tick(), if synced => Work::CatchUp,
             ev = leases.next() => {
-                match ev {
-                    Some(Ok(ev)) => heartbeats.seen(&ev, tokio::time::Instant::now()),
-                    Some(Err(e)) => warn!(error = %e, "node Lease watch failed; retrying"),
-                    None => anyhow::bail!("the node Lease watch ended"),
-                }
+                heard(&mut heartbeats, ev)?;
                 continue;
             }
             ev = events.next() => match ev {
@@ -136,6 +123,36 @@ pub async fn run(
         }
     }
     info!("readiness controller stopped");
+    Ok(())
+}
+
+/// The watch of the nodes' heartbeat Leases, only with the out-of-service taint (their only
+/// reader); otherwise a stream that never yields.
+fn heartbeat_watch(
+    client: &kube::Client,
+    opts: &Options,
+) -> futures::stream::BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>> {
+    match opts.out_of_service {
+        Some(_) => watcher(
+            Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .boxed(),
+        None => futures::stream::pending().boxed(),
+    }
+}
+
+/// Takes one event of [`heartbeat_watch`] into `heartbeats`; its end is an error.
+fn heard(
+    heartbeats: &mut Heartbeats,
+    ev: Option<Result<watcher::Event<Lease>, watcher::Error>>,
+) -> anyhow::Result<()> {
+    match ev {
+        Some(Ok(ev)) => heartbeats.seen(&ev, tokio::time::Instant::now()),
+        Some(Err(e)) => warn!(error = %e, "node Lease watch failed; retrying"),
+        None => anyhow::bail!("the node Lease watch ended"),
+    }
     Ok(())
 }
 

@@ -1480,24 +1480,9 @@ fn guard_note(group: Option<&str>, unready: u32, total: u32, held: u32) -> Strin
 
 fn log_action(a: &Action, dry_run: bool) {
     match a {
-        Action::ClusterShutdown {
-            requested_by,
-            started_at,
-        } => warn!(
-            dry_run,
-            requested_by,
-            started_at,
-            "a cluster shutdown is recorded: no scale-up, scale-down or repair until `nodeward cluster start`"
-        ),
-        Action::StaleClusterShutdown {
-            requested_by,
-            started_at,
-        } => warn!(
-            dry_run,
-            requested_by,
-            started_at,
-            "a cluster shutdown is recorded but stale: no node holds its cordon any more (lifted by hand after an interrupted shutdown?); not obeyed: `nodeward cluster start` removes the record"
-        ),
+        Action::ClusterShutdown { .. } | Action::StaleClusterShutdown { .. } => {
+            log_cluster_shutdown(a, dry_run);
+        }
         Action::GuardHolds {
             group,
             unready,
@@ -1561,6 +1546,30 @@ fn log_action(a: &Action, dry_run: bool) {
             info!(dry_run, group, node, %reason, "decision: delete a Node whose machine is gone")
         }
     }
+}
+
+/// [`log_action`] for a recorded cluster shutdown, obeyed or stale.
+fn log_cluster_shutdown(a: &Action, dry_run: bool) {
+    let (requested_by, started_at, what) = match a {
+        Action::ClusterShutdown {
+            requested_by,
+            started_at,
+        } => (
+            requested_by,
+            started_at,
+            "a cluster shutdown is recorded: no scale-up, scale-down or repair until `nodeward cluster start`",
+        ),
+        Action::StaleClusterShutdown {
+            requested_by,
+            started_at,
+        } => (
+            requested_by,
+            started_at,
+            "a cluster shutdown is recorded but stale: no node holds its cordon any more (lifted by hand after an interrupted shutdown?); not obeyed: `nodeward cluster start` removes the record",
+        ),
+        _ => return,
+    };
+    warn!(dry_run, requested_by, started_at, "{what}");
 }
 
 #[cfg(test)]
