@@ -81,25 +81,7 @@ impl Agent {
         let (Some(record), Some(client)) = (record, self.api.client.clone()) else {
             return;
         };
-        let node = self.node.clone();
-        let withdraw = out_of_service::withdraw(&client, &node, &record);
-        match tokio::time::timeout(ANNOUNCE_TIME * 2, withdraw).await {
-            Ok(Ok(true)) => info!(
-                node,
-                "the power-off was cancelled: its record withdrawn from the Node"
-            ),
-            Ok(Ok(false)) => info!(
-                node,
-                "the power-off was cancelled: its record is gone or the controller's now (tainted); left as it is"
-            ),
-            Ok(Err(e)) => {
-                warn!(node, error = %e, "cannot withdraw the cancelled power-off's record; the controller clears it once stale")
-            }
-            Err(_) => warn!(
-                node,
-                "the cancelled power-off's record was not withdrawn in time; the controller clears it once stale"
-            ),
-        }
+        withdraw_bounded(&client, &self.node, &record, ANNOUNCE_TIME * 2).await;
     }
 
     /// The kind of the shutdown just announced ([`logind::monitor::decide_kind`]). Where logind
@@ -442,16 +424,7 @@ fn with_record(drain: DrainFuture, r: Recording) -> DrainFuture {
                 if *cancelled.borrow() {
                     // Cancelled while the record was on its way: the cancel found nothing to
                     // withdraw, so withdraw it here.
-                    let gone = out_of_service::withdraw(&client, &node, &record);
-                    match tokio::time::timeout(ANNOUNCE_TIME, gone).await {
-                        Ok(Ok(_)) => {
-                            info!(node, "the power-off was cancelled: its record withdrawn")
-                        }
-                        _ => warn!(
-                            node,
-                            "cannot withdraw the cancelled power-off's record; the controller clears it once stale"
-                        ),
-                    }
+                    withdraw_bounded(&client, &node, &record, ANNOUNCE_TIME).await;
                 } else if let Ok(mut r) = recorded.lock() {
                     *r = Some(record);
                 }
@@ -464,6 +437,29 @@ fn with_record(drain: DrainFuture, r: Recording) -> DrainFuture {
         }
         summary
     })
+}
+
+/// Withdraws the cancelled power-off's `record` from `node` ([`out_of_service::withdraw`])
+/// within `limit`, and says how it went: the one way both the cancel and a record written
+/// after it take it back.
+async fn withdraw_bounded(client: &kube::Client, node: &str, record: &PowerOff, limit: Duration) {
+    match tokio::time::timeout(limit, out_of_service::withdraw(client, node, record)).await {
+        Ok(Ok(true)) => info!(
+            node,
+            "the power-off was cancelled: its record withdrawn from the Node"
+        ),
+        Ok(Ok(false)) => info!(
+            node,
+            "the power-off was cancelled: its record is gone or the controller's now (tainted); left as it is"
+        ),
+        Ok(Err(e)) => {
+            warn!(node, error = %e, "cannot withdraw the cancelled power-off's record; the controller clears it once stale")
+        }
+        Err(_) => warn!(
+            node,
+            "the cancelled power-off's record was not withdrawn in time; the controller clears it once stale"
+        ),
+    }
 }
 
 /// Runs `attempt` (given the time left) until it succeeds or `until`, retrying only errors that
