@@ -388,16 +388,19 @@ async fn a_machine_that_never_boots_is_deleted_and_the_group_backs_off() {
         env.cherry.deleted().len() == 1
     })
     .await;
-    let backoff = env
-        .kube
-        .get("configmaps", Some("kube-system"), "nodeward-scaler-status")
-        .and_then(|c| c["data"]["backoff"].as_str().map(str::to_string))
-        .unwrap_or_default();
-    assert!(
-        backoff.contains("\"failures\":1"),
-        "back-off recorded: {backoff}"
-    );
-    // During the back-off (2 s; a pass every 100 ms) nothing new is created.
+    // The status ConfigMap is written at the end of the pass that deleted the machine, a moment
+    // after the provider saw the delete.
+    let backoff = || {
+        env.kube
+            .get("configmaps", Some("kube-system"), "nodeward-scaler-status")
+            .and_then(|c| c["data"]["backoff"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    wait_for("the back-off recorded", Duration::from_secs(5), || {
+        backoff().contains("\"failures\":1")
+    })
+    .await;
+    // During the back-off (3 s; a pass every 100 ms) nothing new is created.
     let created_before = env.servers().len() + env.cherry.deleted().len();
     passes(&env, 3).await;
     assert_eq!(
