@@ -29,6 +29,7 @@ use super::cgroups::Cgroups;
 use super::cordon::{
     self, CORDONED_BY, CordonDecision, CordonRecord, EXCLUDE_LB_LABEL, Lifter, UncordonDecision,
 };
+use super::evidence::Evidence;
 use super::explain;
 use super::narrate::Narrator;
 use super::plan::{self, Answer, Cause, Outcome, Plan, PlanOptions, PodRef};
@@ -747,66 +748,6 @@ struct Watches<'a> {
     budgets: Mirror<PodDisruptionBudget>,
     daemonsets: Mirror<PartialObjectMeta<DaemonSet>>,
     evidence: Evidence<'a>,
-}
-
-/// One of the [`Evidence`] watches' events.
-enum Seen {
-    Pending(Box<watcher::Result<watcher::Event<Pod>>>),
-    Node(Box<watcher::Result<watcher::Event<Node>>>),
-}
-
-/// What shows that a budget blocking a pod cannot open ([`super::unsatisfiable`]): the
-/// cluster's Pending pods (its missing replicas, and whether the scheduler placed them) and the
-/// Nodes (whether any other takes pods). Watched only from the first pod a budget blocks: most
-/// drains never meet one. Evidence, not a precondition: a watch the drain may not make (an
-/// operator's identity that cannot list Nodes) only means the drain waits, as before.
-struct Evidence<'a> {
-    events: BoxStream<'a, Seen>,
-    pending: Mirror<Pod>,
-    nodes: Mirror<Node>,
-    started: bool,
-}
-
-impl Evidence<'_> {
-    fn idle() -> Self {
-        Self {
-            events: futures::stream::pending().boxed(),
-            pending: Mirror::default(),
-            nodes: Mirror::default(),
-            started: false,
-        }
-    }
-
-    fn start(&mut self, client: &Client) {
-        if self.started {
-            return;
-        }
-        self.started = true;
-        let pending = watcher(
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default().fields("status.phase=Pending"),
-        )
-        .default_backoff()
-        .map(|e| Seen::Pending(Box::new(e)));
-        let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .map(|e| Seen::Node(Box::new(e)));
-        self.events = futures::stream::select(pending, nodes).boxed();
-    }
-
-    fn apply(&mut self, seen: Seen, node: &str) {
-        let error = match seen {
-            Seen::Pending(ev) => match *ev {
-                Ok(ev) => return self.pending.apply(&ev),
-                Err(e) => e,
-            },
-            Seen::Node(ev) => match *ev {
-                Ok(ev) => return self.nodes.apply(&ev),
-                Err(e) => e,
-            },
-        };
-        debug!(node, error = %error, "cannot watch what shows a budget cannot open; the drain waits for budgets as before");
-    }
 }
 
 /// One step's view of the watches, from which [`BudgetView`] answers.

@@ -12,6 +12,7 @@
 pub mod access;
 pub mod cgroups;
 pub mod cordon;
+mod evidence;
 pub mod exec;
 pub mod explain;
 pub mod metrics;
