@@ -329,6 +329,31 @@ async fn each_agent_rule_is_needed(cluster: Cluster) {
             .await;
         teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
     }
+    // The budget's verdict reads the owner's count: without it, a budget that can never open
+    // (every replica required, no other node) is only doubted, and waited for to the deadline.
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    nodeward::drain::cordon(&admin, &spare, "no room", false)
+        .await
+        .expect("cordon spare");
+    close_budget(&admin, &ns, json!(2)).await;
+    let user = unique("lp");
+    let name = bind_agent_rules(&admin, &user, Some("replicasets/scale")).await;
+    let out = drain(&cluster.user_kubeconfig(&user, &[]), &target, "8s");
+    let all = common::output_text(&out);
+    assert!(
+        !all.contains("requires 2 healthy pods"),
+        "without replicasets/scale (what the owner wants) no verdict\n{all}"
+    );
+    unbind(&admin, &name).await;
+    let name = bind_agent_rules(&admin, &user, None).await;
+    let out = drain(&cluster.user_kubeconfig(&user, &[]), &target, "30s");
+    let all = common::output_text(&out);
+    assert!(
+        all.contains(&format!("budget {ns}/web requires 2 healthy pods of the 2")),
+        "with it, the verdict\n{all}"
+    );
+    unbind(&admin, &name).await;
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
 /// The Node's `nodeward.io/Ready` condition, once `accept` takes it (30 s + the agent's
@@ -1007,6 +1032,49 @@ async fn replacements_that_cannot_schedule_are_seen_at_once(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
+/// Issue 58: the same unplaceable replacement, in a cluster where nodeward's scaler holds its
+/// Lease: the scaler may add a node for it, so the budget is slow, not hopeless. The drain
+/// waits to its deadline and says so, without a verdict.
+async fn an_autoscaler_makes_an_unplaceable_replacement_slow(cluster: Cluster) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let (admin, ns, target, spare) = setup(&cluster, 3).await;
+    nodeward::drain::cordon(&admin, &spare, "no room", false)
+        .await
+        .expect("cordon spare");
+    let (lease_ns, lease_name) = nodeward::drain::SCALER_LEASE;
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), lease_ns);
+    let now = jiff::Timestamp::now();
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": lease_name, "namespace": lease_ns},
+        "spec": {"holderIdentity": "a-test-scaler", "leaseDurationSeconds": 90,
+            "acquireTime": now.to_string(), "renewTime": now.to_string()}
+    }))
+    .expect("lease json");
+    let _ = leases.delete(lease_name, &Default::default()).await;
+    leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("the scaler's Lease");
+    let (out, took) = timed_drain(&cluster, &target, "15s");
+    let _ = leases.delete(lease_name, &Default::default()).await;
+    eprintln!("replacement Unschedulable beside a scaler: drain ended in {took:?}, deadline 15 s");
+    let text = common::output_text(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("1 evicted") && stdout.contains("2 left behind"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("cannot be scheduled") && !text.contains("BudgetUnsatisfiable"),
+        "a scaler may add a node: no verdict\n{text}"
+    );
+    assert!(
+        took >= Duration::from_secs(15),
+        "waited to the deadline: {took:?}"
+    );
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
 /// Issue 43: a budget that is only slow — its missing replica Pending but schedulable once its
 /// gate lifts — is still waited for, and the drain finishes when it opens.
 async fn a_slow_budget_is_still_waited_for(cluster: Cluster) {
@@ -1036,6 +1104,150 @@ async fn a_slow_budget_is_still_waited_for(cluster: Cluster) {
         "{}",
         common::output_text(&out)
     );
+    assert!(
+        events_in(&admin, &ns, "BudgetUnsatisfiable")
+            .await
+            .is_empty()
+    );
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
+/// A ValidatingAdmissionPolicy denying the creation of any pod in `ns` (as a pod-create webhook
+/// outage or a quota would); returns its name once kube-apiserver enforces it.
+async fn deny_pod_creation(admin: &kube::Client, ns: &str) -> String {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let name = format!("{ns}-no-pods");
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["pods"]}]},
+            "validations": [{
+                "expression": format!("request.namespace != '{ns}'"),
+                "message": "no pod is created here for now",
+                "reason": "Forbidden"
+            }]
+        }
+    }))
+    .expect("policy json");
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]}
+    }))
+    .expect("binding json");
+    let pp = PostParams::default();
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .create(&pp, &policy)
+        .await
+        .expect("create policy");
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .create(&pp, &binding)
+        .await
+        .expect("create binding");
+    let probe: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "probe", "namespace": ns},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
+    }))
+    .expect("pod json");
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let t0 = std::time::Instant::now();
+    loop {
+        match pods.create(&dry, &probe).await {
+            Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422 => return name,
+            other => assert!(t0.elapsed() < LIMIT, "policy not enforced: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Removes the policy and binding named `name`.
+async fn lift_policy(admin: &kube::Client, name: &str) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let dp = kube::api::DeleteParams::default();
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .delete(name, &dp)
+        .await
+        .expect("delete binding");
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .delete(name, &dp)
+        .await
+        .expect("delete policy");
+}
+
+/// Issue 58: with an integer `minAvailable` the disruption controller expects the pods that
+/// exist. Three replicas under `minAvailable: 2`: once the first is evicted and its replacement
+/// cannot be created (an admission policy denies pod creation for 20 s, as a webhook outage
+/// would), the budget reads "requires 2 healthy pods of the 2", forever as far as it says. The
+/// ReplicaSet wants 3: the drain reads that, waits for the replacement instead of applying
+/// `on_deadline = "delete"` after 5 s, and ends with every pod evicted, none deleted.
+async fn a_budget_short_only_by_an_uncreated_replacement_is_waited_for(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 3).await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), &ns);
+    pdbs.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maxUnavailable": null, "minAvailable": 2}})),
+    )
+    .await
+    .expect("the budget requires 2 healthy");
+    let deadline = std::time::Instant::now() + LIMIT;
+    while pdbs.get("web").await.expect("pdb").status.is_none_or(|s| {
+        s.disruptions_allowed != 1 || s.expected_pods != 3 || s.observed_generation != Some(2)
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the budget never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let policy = deny_pod_creation(&admin, &ns).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[drain]\non_deadline = \"delete\"\n").expect("config");
+    let t0 = std::time::Instant::now();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(["drain", &target, "--timeout", "120s", "--config"])
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(cluster.node_kubeconfig(&target))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run nodeward drain");
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let before_lift = pods_of(&admin, &ns, "web").await;
+    lift_policy(&admin, &policy).await;
+    eprintln!("pod creation allowed again after {:?}", t0.elapsed());
+    let out = child.wait_with_output().expect("the drain ends");
+    let took = t0.elapsed();
+    eprintln!("budget short by an uncreated replacement: drained in {took:?}, deadline 120 s");
+    let text = common::output_text(&out);
+    assert_eq!(
+        before_lift.len(),
+        2,
+        "while creation was denied, the two replicas left stayed: {:?}",
+        before_lift
+            .iter()
+            .map(|p| p.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("3 evicted") && stdout.contains("0 deleted past their budget"),
+        "{text}"
+    );
+    assert!(!text.contains("BudgetUnsatisfiable"), "{text}");
     assert!(
         events_in(&admin, &ns, "BudgetUnsatisfiable")
             .await
@@ -1378,5 +1590,7 @@ real_only! {
     a_budget_that_can_never_open_is_seen_at_once => super::a_budget_that_can_never_open_is_seen_at_once;
     replacements_that_cannot_schedule_are_seen_at_once => super::replacements_that_cannot_schedule_are_seen_at_once;
     a_slow_budget_is_still_waited_for => super::a_slow_budget_is_still_waited_for;
+    an_autoscaler_makes_an_unplaceable_replacement_slow => super::an_autoscaler_makes_an_unplaceable_replacement_slow;
+    a_budget_short_only_by_an_uncreated_replacement_is_waited_for => super::a_budget_short_only_by_an_uncreated_replacement_is_waited_for;
     surge_before_evict_keeps_a_single_replica_serving => super::surge_keeps_a_single_replica_serving;
 }

@@ -105,8 +105,8 @@ impl OnDeadline {
 pub enum UnsatisfiableBudgets {
     /// Apply the deadline policy (`on_deadline`) to it now: the same outcome, sooner.
     Act,
-    /// Say so, and keep waiting until the deadline (a cluster whose scaler adds nodes for
-    /// unschedulable pods may open the budget after all).
+    /// Say so, and keep waiting until the deadline (an autoscaler the drain does not recognise
+    /// may open the budget after all).
     Wait,
 }
 

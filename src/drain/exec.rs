@@ -8,7 +8,7 @@
 //! run with bounded concurrency as futures polled by the same loop, so nothing needs a lock.
 //! What to send when is decided by [`super::step::Schedule`], purely; this file only performs it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::stream::{BoxStream, FuturesUnordered};
@@ -29,7 +29,7 @@ use super::cgroups::Cgroups;
 use super::cordon::{
     self, CORDONED_BY, CordonDecision, CordonRecord, EXCLUDE_LB_LABEL, Lifter, UncordonDecision,
 };
-use super::evidence::Evidence;
+use super::evidence::{Evidence, Owner};
 use super::explain;
 use super::narrate::Narrator;
 use super::plan::{self, Answer, Cause, Outcome, Plan, PlanOptions, PodRef};
@@ -38,6 +38,7 @@ use super::step::{
     Command, Deleted, Limits, PodState, Refusal, Schedule, Step, Tracked, Verdict, later,
 };
 use super::surging::{self, Surges};
+use super::unsatisfiable::{Autoscaler, Wanted};
 use crate::config::{OnDeadline, UnsatisfiableBudgets};
 use crate::node_write::{self, NodeWrite, WriteError};
 use crate::store::Mirror;
@@ -592,6 +593,10 @@ struct BudgetView<'a> {
     node: &'a str,
     /// [`DrainOptions::cluster_shutdown`].
     cluster_shutdown: bool,
+    /// What the owner of each blocked pod (by UID) wants.
+    wanted: &'a BTreeMap<String, Wanted>,
+    /// Whether an autoscaler may add a node.
+    autoscaler: Autoscaler,
 }
 
 impl super::step::Budgets for BudgetView<'_> {
@@ -614,6 +619,11 @@ impl super::step::Budgets for BudgetView<'_> {
                 self.pending.iter().map(AsRef::as_ref),
                 self.nodes,
                 self.node,
+                self.wanted
+                    .get(&t.pod.uid)
+                    .copied()
+                    .unwrap_or(Wanted::Unknown),
+                self.autoscaler,
             )
         })
     }
@@ -755,6 +765,8 @@ struct Snapshot {
     budgets: Vec<std::sync::Arc<PodDisruptionBudget>>,
     pending: Vec<std::sync::Arc<Pod>>,
     nodes: Option<Vec<std::sync::Arc<Node>>>,
+    wanted: BTreeMap<String, Wanted>,
+    autoscaler: Autoscaler,
 }
 
 impl Snapshot {
@@ -765,6 +777,8 @@ impl Snapshot {
             nodes: self.nodes.as_deref(),
             node,
             cluster_shutdown,
+            wanted: &self.wanted,
+            autoscaler: self.autoscaler,
         }
     }
 }
@@ -798,15 +812,29 @@ impl Watches<'_> {
         }
     }
 
-    /// This step's view; the evidence watches start with the first pod a budget blocks.
+    /// This step's view; the evidence watches start with the first pod a budget blocks, and the
+    /// count of each blocked pod's owner is read while it is blocked.
     fn snapshot(&mut self, schedule: &Schedule, client: &Client) -> Snapshot {
-        if schedule
+        let blocked: Vec<_> = schedule
             .tracked()
-            .any(|t| matches!(t.state, PodState::Blocked { .. }))
-        {
+            .filter(|t| matches!(t.state, PodState::Blocked { .. }))
+            .filter_map(|t| self.pods.get(&t.pod.name, Some(&t.pod.namespace)))
+            .collect();
+        if !blocked.is_empty() {
             self.evidence.start(client);
         }
+        let now = Instant::now();
+        let mut wanted = BTreeMap::new();
+        for pod in blocked {
+            if let Some(owner) = Owner::of(&pod) {
+                self.evidence.ask(owner, client, now);
+            }
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            wanted.insert(uid, self.evidence.wanted(&pod));
+        }
         Snapshot {
+            wanted,
+            autoscaler: self.evidence.autoscaler,
             budgets: self.budgets.state(),
             pending: self.evidence.pending.state(),
             nodes: self

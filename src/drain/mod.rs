@@ -24,6 +24,7 @@ mod surging;
 pub mod unsatisfiable;
 
 pub use cordon::Lifter;
+pub use evidence::{CLUSTER_AUTOSCALER_STATUS, SCALER_LEASE};
 pub use exec::{
     CordonOutcome, DrainOptions, DrainOutcome, DrainReport, Gone, UncordonOutcome, cordon,
     cordon_for_shutdown, cordon_taking_over, drain, dry_run, uncordon,

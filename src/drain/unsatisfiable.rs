@@ -8,7 +8,15 @@
 //! waiting is waiting for nothing: the drain applies its deadline policy to the pod now, not at
 //! the deadline ([`crate::config::UnsatisfiableBudgets`]).
 //!
-//! Every doubt reads as "it may open": a status older than the budget's spec, a pod the
+//! A budget counts what exists: with an integer `minAvailable` the disruption controller expects
+//! the pods there are, so between an evicted pod's deletion and its replacement's creation it
+//! reads "allows nothing, ever". What the owner wants is the truth: where the pod's owner is
+//! scalable ([`Wanted`], its `spec.replicas` through the scale subresource), the budget expects
+//! at least that many, and replacements not created yet are slow, never hopeless. A pod no node
+//! takes is stuck only where no autoscaler ([`Autoscaler`]) could add one.
+//!
+//! Every doubt reads as "it may open": a status older than the budget's spec, an owner whose
+//! count is not known, an autoscaler that may be there, a pod the
 //! scheduler has not judged while some node could still take it, a preemption under way. The
 //! nodes are asked only whether they take pods at all (not cordoned, Ready), never whether they
 //! fit this pod: a fit the drain got wrong would call a budget hopeless that is not, and missing
@@ -103,28 +111,63 @@ impl fmt::Display for Stuck {
     }
 }
 
+/// How many replicas the owner of the blocked pod wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wanted {
+    /// The pod has no owner whose count the drain reads (a bare pod, a kind with no scale
+    /// subresource it knows): the budget is judged from the pods that exist.
+    NoOwner,
+    /// Its owner is scalable, but its count is not known (not read yet, or refused): a doubt.
+    Unknown,
+    /// Its owner's `spec.replicas`.
+    Replicas(i32),
+}
+
+/// Whether an autoscaler could add a node for a pod no node takes now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Autoscaler {
+    /// None is there: nodeward's scaler holds no Lease, cluster-autoscaler keeps no status,
+    /// Karpenter has no NodePool.
+    Absent,
+    /// One is there.
+    Present,
+    /// Not known (not asked yet, or the question was refused): a doubt.
+    Unknown,
+}
+
 /// Whether `budget`, which refused an eviction, can never allow it. `pending` are Pending pods
 /// of the budget's namespace (any: the ones it selects are picked here); `nodes` every Node the
-/// drain knows, `None` while it knows none; `draining` the node being drained.
+/// drain knows, `None` while it knows none; `draining` the node being drained; `wanted` what the
+/// blocked pod's owner wants; `autoscaler` whether a node may be added.
 pub fn judge<'a>(
     budget: &PodDisruptionBudget,
     pending: impl IntoIterator<Item = &'a Pod>,
     nodes: Option<&[std::sync::Arc<Node>]>,
     draining: &str,
+    wanted: Wanted,
+    autoscaler: Autoscaler,
 ) -> Option<Why> {
     let status = budget.status.as_ref()?;
     let fresh = status.observed_generation.unwrap_or(0) >= budget.metadata.generation.unwrap_or(0);
     if !fresh || status.disruptions_allowed > 0 || status.expected_pods <= 0 {
         return None;
     }
+    let expected = match wanted {
+        Wanted::NoOwner => status.expected_pods,
+        Wanted::Unknown => return None,
+        Wanted::Replicas(n) => status.expected_pods.max(n),
+    };
     let name = super::plan::budget_key(budget);
-    let tolerates = status.expected_pods - status.desired_healthy;
+    let tolerates = expected - status.desired_healthy;
     if tolerates <= 0 {
         return Some(Why::NeverAllows {
             budget: name,
             desired_healthy: status.desired_healthy,
-            expected: status.expected_pods,
+            expected,
         });
+    }
+    if autoscaler != Autoscaler::Absent {
+        return None;
     }
     let no_node = nodes.is_some_and(|nodes| {
         !nodes
