@@ -51,8 +51,9 @@ pub const SCALE_DOWN_DISABLED: &str = "nodeward.io/scale-down-disabled";
 /// same node every unneeded-time.
 pub const SCALE_DOWN_FAILED: &str = "nodeward.io/scale-down-failed";
 
-/// The ConfigMap recording a whole-cluster shutdown (`nodeward cluster shutdown`): while it
-/// exists, agents drain without waiting on budgets and the scaler neither scales nor repairs.
+/// The ConfigMap recording a whole-cluster shutdown (`nodeward cluster shutdown`): while it is
+/// live (a node still holds the shutdown's cordon, [`crate::cluster::intent::is_live`]), agents
+/// drain without waiting on budgets and the scaler neither scales nor repairs.
 pub const CLUSTER_SHUTDOWN_CONFIGMAP: &str = "nodeward-cluster-shutdown";
 
 /// Where [`CLUSTER_SHUTDOWN_CONFIGMAP`] lives: the namespace every cluster has, whose objects

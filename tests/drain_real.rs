@@ -1112,6 +1112,88 @@ async fn a_slow_budget_is_still_waited_for(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
+/// Issue 58, item 3: a cluster shutdown interrupted, its nodes uncordoned by hand (`kubectl
+/// uncordon`): the intent is stale, and a node's power-off drain does not obey it. Here the
+/// intent lists the node, which no longer holds the shutdown's cordon, and a budget only slow
+/// to open (a gated replica) blocks its pods: the agent says the intent is stale and waits on
+/// the budget to its deadline (8 s), where an obeyed intent ends the wait at once and gives
+/// the pods up ("the cluster is shutting down").
+async fn a_stale_cluster_shutdown_is_not_obeyed_at_poweroff(cluster: Cluster) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use logind_harness::{LogindHarness, Mode, Options};
+    use nodeward::cluster::intent::{Intent, Phase};
+    const CAP: Duration = Duration::from_secs(30);
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    close_budget_slowly(&admin, &ns).await;
+    let intents: Api<ConfigMap> =
+        Api::namespaced(admin.clone(), nodeward::names::CLUSTER_SHUTDOWN_NAMESPACE);
+    let name = nodeward::names::CLUSTER_SHUTDOWN_CONFIGMAP;
+    let _ = intents.delete(name, &Default::default()).await;
+    let intent = Intent {
+        phase: Phase::Stopping,
+        started_at: jiff::Timestamp::now().to_string(),
+        requested_by: "an interrupted operator".into(),
+        reason: "issue 58".into(),
+        cordoned: [target.clone()].into(),
+    };
+    let cm = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(intent.to_data()),
+        ..Default::default()
+    };
+    intents
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("the intent");
+    let h = LogindHarness::start(Options {
+        mode: Mode::Real,
+        inhibit_delay_max: CAP,
+        ..Options::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("cannot start the logind harness: {e}"));
+    let agent = common::spawn_agent_with_logind(
+        &target,
+        &cluster.node_kubeconfig(&target),
+        "[drain]\ntimeout = \"8s\"",
+        Some((h.bus_address(), h.dropin_dir())),
+    );
+    h.wait_for_inhibitors(LIMIT, |l| {
+        l.iter().any(|i| i.who == "nodeward" && i.mode == "delay")
+    })
+    .await
+    .expect("the agent takes its delay lock");
+    common::write_flannel(&agent);
+    let t0 = std::time::Instant::now();
+    h.power_off().await.expect("PowerOff");
+    h.wait_for_unit_started("poweroff.target", CAP + Duration::from_secs(5))
+        .await
+        .expect("logind proceeds once the lock is released");
+    let took = t0.elapsed();
+    let _ = intents.delete(name, &Default::default()).await;
+    eprintln!(
+        "PowerOff with a stale cluster-shutdown intent -> lock released after {took:?} (drain.timeout 8 s)"
+    );
+    let log = agent.log_text();
+    assert!(
+        log.contains("does not hold its cordon"),
+        "the stale intent is said\n{log}"
+    );
+    assert!(
+        !log.contains("the cluster is shutting down"),
+        "not obeyed\n{log}"
+    );
+    // The shutdown drain's deadline is the configured one less the agent's margins (5.7 s here).
+    assert!(
+        log.contains("drain ended deadline exceeded") && took >= Duration::from_secs(5),
+        "waited on the budget to the deadline: {took:?}\n{log}"
+    );
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
 /// A ValidatingAdmissionPolicy denying the creation of any pod in `ns` (as a pod-create webhook
 /// outage or a quota would); returns its name once kube-apiserver enforces it.
 async fn deny_pod_creation(admin: &kube::Client, ns: &str) -> String {
@@ -1590,6 +1672,7 @@ real_only! {
     a_budget_that_can_never_open_is_seen_at_once => super::a_budget_that_can_never_open_is_seen_at_once;
     replacements_that_cannot_schedule_are_seen_at_once => super::replacements_that_cannot_schedule_are_seen_at_once;
     a_slow_budget_is_still_waited_for => super::a_slow_budget_is_still_waited_for;
+    a_stale_cluster_shutdown_is_not_obeyed_at_poweroff => super::a_stale_cluster_shutdown_is_not_obeyed_at_poweroff;
     an_autoscaler_makes_an_unplaceable_replacement_slow => super::an_autoscaler_makes_an_unplaceable_replacement_slow;
     a_budget_short_only_by_an_uncreated_replacement_is_waited_for => super::a_budget_short_only_by_an_uncreated_replacement_is_waited_for;
     surge_before_evict_keeps_a_single_replica_serving => super::surge_keeps_a_single_replica_serving;

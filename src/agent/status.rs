@@ -299,12 +299,16 @@ pub async fn live(
         Ok(Err(e)) => writeln!(out, "  logind:      unreachable: {e}"),
         Err(_) => writeln!(out, "  logind:      no answer within {LIVE_TIMEOUT:?}"),
     };
+    let intent_client = client.as_ref().ok().cloned();
     let node = async {
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client?);
         nodes.get(&st.node).await.map_err(|e| e.to_string())
     };
     let _ = match tokio::time::timeout(LIVE_TIMEOUT, node).await {
         Ok(Ok(n)) => {
+            if let Some(c) = intent_client {
+                out.push_str(&cluster_shutdown_line(&c, &n).await);
+            }
             let _ = writeln!(
                 out,
                 "  node:        cordoned by {}; startup taint {}",
@@ -339,6 +343,24 @@ pub async fn live(
         Err(_) => writeln!(out, "  node:        no answer within {LIVE_TIMEOUT:?}"),
     };
     out
+}
+
+/// A line on a recorded cluster shutdown, if one is: live (this node holds its cordon: a
+/// shutdown drain here waits on no budget) or stale (not obeyed). Nothing when none is recorded
+/// or the question is not answered in time.
+async fn cluster_shutdown_line(
+    client: &kube::Client,
+    node: &k8s_openapi::api::core::v1::Node,
+) -> String {
+    let recorded = tokio::time::timeout(LIVE_TIMEOUT, crate::cluster::intent_exists(client)).await;
+    if recorded != Ok(true) {
+        return String::new();
+    }
+    if crate::cluster::intent::is_live([node]) {
+        "  cluster:     shutdown recorded and live (this node holds its cordon): a shutdown drain here waits on no budget\n".into()
+    } else {
+        "  cluster:     shutdown recorded but stale here (this node does not hold its cordon): not obeyed; `nodeward cluster start` removes the record\n".into()
+    }
 }
 
 /// `nodeward status --output json`: the status file, whether its agent still runs, and the

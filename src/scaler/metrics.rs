@@ -34,6 +34,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// 1 while the cluster-health guard holds repairs and scale-down back.
     pub guard_holding: Gauge,
+    /// 1 while a recorded cluster shutdown is stale (no node holds its cordon): not obeyed.
+    pub cluster_shutdown_stale: Gauge,
     /// Whether the scaler's loop makes progress (`/healthz`, systemd's watchdog).
     pub liveness: crate::metrics_http::Liveness,
 }
@@ -52,6 +54,7 @@ impl Default for Metrics {
             pending_to_create_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             leader: Gauge::default(),
             guard_holding: Gauge::default(),
+            cluster_shutdown_stale: Gauge::default(),
             liveness: crate::metrics_http::Liveness::default(),
             registry: Registry::default(),
         };
@@ -95,6 +98,11 @@ impl Default for Metrics {
             "guard_holding",
             "1 while too many nodes are NotReady for the scaler to replace any or scale down",
             m.guard_holding.clone(),
+        );
+        registry.register(
+            "cluster_shutdown_stale",
+            "1 while a recorded cluster shutdown is stale (no node holds its cordon): not obeyed; nodeward cluster start removes it",
+            m.cluster_shutdown_stale.clone(),
         );
         Self { registry, ..m }
     }

@@ -502,6 +502,17 @@ fn pod_ref(p: &model::PodView) -> ObjectReference {
     }
 }
 
+/// The cluster shutdown's intent ConfigMap.
+fn intent_ref() -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        name: Some(crate::names::CLUSTER_SHUTDOWN_CONFIGMAP.into()),
+        namespace: Some(crate::names::CLUSTER_SHUTDOWN_NAMESPACE.into()),
+        ..ObjectReference::default()
+    }
+}
+
 fn node_ref(name: &str) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
@@ -793,7 +804,25 @@ impl<P: Provider + 'static> Inner<P> {
                 ..
             } => self.start_scale_down(group, node, machine),
             // Logged with the pass's decisions; nothing to carry out.
-            Action::ClusterShutdown { .. } | Action::StaleClusterShutdown { .. } => {}
+            Action::ClusterShutdown { .. } => {}
+            // Logged too, and said where `kubectl get events -n kube-system` shows it (the
+            // recorder folds the passes' repeats into one series).
+            Action::StaleClusterShutdown {
+                requested_by,
+                started_at,
+            } => {
+                let note = format!(
+                    "the cluster shutdown recorded by {requested_by} at {started_at} is stale: no node holds its cordon any more; not obeyed (the scaler acts, shutdown drains wait on budgets); `nodeward cluster start` removes the record"
+                );
+                self.event(
+                    &intent_ref(),
+                    EventType::Warning,
+                    "ClusterShutdownStale",
+                    "Ignore",
+                    note,
+                )
+                .await;
+            }
         }
     }
 
@@ -1103,6 +1132,10 @@ impl<P: Provider + 'static> Inner<P> {
             .iter()
             .any(|a| matches!(a, Action::GuardHolds { .. }));
         self.metrics.guard_holding.set(i64::from(holding));
+        let stale = actions
+            .iter()
+            .any(|a| matches!(a, Action::StaleClusterShutdown { .. }));
+        self.metrics.cluster_shutdown_stale.set(i64::from(stale));
     }
 
     /// Deletes the bootstrap tokens of machines whose Node has registered: the kubelet has its
