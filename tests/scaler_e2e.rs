@@ -1269,3 +1269,35 @@ fn fenced_count(metrics: &nodeward::scaler::metrics::Metrics) -> u64 {
         .get_or_create(&nodeward::scaler::metrics::failure("web", "fenced"))
         .get()
 }
+
+/// Issue 58, item 3: a cluster shutdown recorded but stale (no node holds its cordon: an
+/// interrupted shutdown, uncordoned by hand) freezes nothing: the pending pod gets its machine,
+/// and the scaler says the record is stale with a Warning Event on the ConfigMap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_cluster_shutdown_freezes_nothing_and_is_said() {
+    let env = env(|_| {}).await;
+    env.kube
+        .create(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": nodeward::names::CLUSTER_SHUTDOWN_CONFIGMAP,
+                "namespace": nodeward::names::CLUSTER_SHUTDOWN_NAMESPACE},
+            "data": {"phase": "stopping", "started-at": "2026-12-05T12:00:00Z",
+                "requested-by": "an operator", "reason": "maintenance",
+                "cordoned": "[\"gone-node\"]"}
+        }))
+        .expect("intent");
+    let _sim = env.simulate(SimOptions::default());
+    let scaler = env.spawn("replica-a").await;
+    env.pod("after-the-shutdown", "500m");
+    wait_for("the pod running", Duration::from_secs(20), || {
+        env.running_pods() == 1
+    })
+    .await;
+    wait_for("the stale record said", Duration::from_secs(10), || {
+        env.event_reasons("ConfigMap")
+            .iter()
+            .any(|r| r == "ClusterShutdownStale")
+    })
+    .await;
+    scaler.abort();
+}
