@@ -299,6 +299,19 @@ pub async fn live(
         Ok(Err(e)) => writeln!(out, "  logind:      unreachable: {e}"),
         Err(_) => writeln!(out, "  logind:      no answer within {LIVE_TIMEOUT:?}"),
     };
+    out.push_str(&node_lines(st, client, on_deadline).await);
+    out
+}
+
+/// `live`'s lines on the Node: who cordoned it, its startup taint, a recorded cluster shutdown,
+/// and its drain as the Draining condition says.
+async fn node_lines(
+    st: &Status,
+    client: Result<kube::Client, String>,
+    on_deadline: crate::config::OnDeadline,
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
     let intent_client = client.as_ref().ok().cloned();
     let node = async {
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client?);

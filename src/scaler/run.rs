@@ -810,20 +810,18 @@ impl<P: Provider + 'static> Inner<P> {
             Action::StaleClusterShutdown {
                 requested_by,
                 started_at,
-            } => {
-                let note = format!(
-                    "the cluster shutdown recorded by {requested_by} at {started_at} is stale: no node holds its cordon any more; not obeyed (the scaler acts, shutdown drains wait on budgets); `nodeward cluster start` removes the record"
-                );
-                self.event(
-                    &intent_ref(),
-                    EventType::Warning,
-                    "ClusterShutdownStale",
-                    "Ignore",
-                    note,
-                )
-                .await;
-            }
+            } => self.say_stale_intent(requested_by, started_at).await,
         }
+    }
+
+    /// A Warning Event on the cluster shutdown's ConfigMap: its record is stale, not obeyed.
+    async fn say_stale_intent(&self, requested_by: &str, started_at: &str) {
+        let note = format!(
+            "the cluster shutdown recorded by {requested_by} at {started_at} is stale: no node holds its cordon any more; not obeyed (the scaler acts, shutdown drains wait on budgets); `nodeward cluster start` removes the record"
+        );
+        let reason = "ClusterShutdownStale";
+        self.event(&intent_ref(), EventType::Warning, reason, "Ignore", note)
+            .await;
     }
 
     /// Scales the group up, then tells the pods that triggered it with an Event each, within
