@@ -6,7 +6,16 @@
 //! the moment the budget's `disruptionsAllowed` rises (never sooner than [`BUDGET_RETRY_FLOOR`](super::step::BUDGET_RETRY_FLOOR),
 //! and at the latest after [`BUDGET_RETRY_CEILING`](super::step::BUDGET_RETRY_CEILING) in case a watch event was missed). Evictions
 //! run with bounded concurrency as futures polled by the same loop, so nothing needs a lock.
-//! What to send when is decided by [`super::step::Schedule`], purely; this file only performs it.
+//! What to send when is decided by [`super::step::Schedule`], purely; this folder only performs it.
+//!
+//! Read `exec.rs` first (the loop, [`drain`]), then the file that answers the question:
+//! - `options.rs` — what a drain is asked ([`DrainOptions`]) and the errors that stop it;
+//! - `cordoning.rs` — cordon and uncordon with nodeward's record (decided by [`super::cordon`]);
+//! - `watches.rs` — the watches that feed the loop and the budgets' view the schedule asks;
+//! - `pods.rs` — a pod gone (its watch) or stopped (the node's cgroups);
+//! - `requests.rs` — evictions, deletions and surges sent, and what their answers do;
+//! - `finish.rs` — the ending: surges given back, the report, its Event and condition;
+//! - `dry.rs` — the dry run's plan.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

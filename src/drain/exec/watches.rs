@@ -27,7 +27,6 @@ pub(super) fn budget_open(budgets: &[std::sync::Arc<PodDisruptionBudget>], pod: 
     .any(|b| b.status.as_ref().is_some_and(|s| s.disruptions_allowed > 0))
 }
 
-/// The UIDs of the pods on the node.
 /// The schedule's questions about budgets, answered from one snapshot of the drain's watches.
 pub(super) struct BudgetView<'a> {
     /// The budgets.
