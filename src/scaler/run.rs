@@ -5,6 +5,13 @@
 //! a slow drain is not started twice); everything else is read back from the cluster and the
 //! provider each pass, which is what lets a restarted or new leader carry on where the last one
 //! stopped.
+//!
+//! Read `run.rs` first (the Lease, the pass, [`Inner::carry_out`]), then the file that answers:
+//! - `gather.rs` — the snapshot the pass decides from (API server and provider);
+//! - `scale_up.rs` — machines created for pending pods: templates, user data, tokens, Events;
+//! - `scale_down.rs` — an idle node cordoned, drained and deleted, or given back;
+//! - `machines.rs` — deletes at the provider, fenced by the Lease, and repair;
+//! - `report.rs` — the log, Events, metrics and the status ConfigMap.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
