@@ -23,6 +23,16 @@
 //! phases left (`Plan`: group sizes, back-off, machines planned, where pods can go), tested on
 //! its own as well as through `decide`. Back-off is decided here only: [`back_off`] is the rule, for
 //! repaired machines and for the refused creates the executor reports back.
+//!
+//! Read `decide.rs` first ([`decide`], `Context`, `Plan`), then the file that answers:
+//! - `actions.rs` — the actions and their reasons;
+//! - `scale_up.rs` — packing pending pods, choosing a group, `min` and standby, the boot cap;
+//! - `scale_down.rs` — which idle node goes, simulated under the budgets;
+//! - `repair.rs` — machines that never registered, Nodes without a machine;
+//! - `guard.rs` — the cluster-health guard that holds repairs and scale-down back;
+//! - `backoff.rs` — the back-off rule and where it holds;
+//! - `bins.rs`, `first_fit.rs`, `topology.rs`, `label_sets.rs`, `node_index.rs` — the packing's
+//!   pieces: bins and templates, first fit, inter-pod constraints by domain, label indexes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
