@@ -33,6 +33,9 @@
 //! leave out, and counts a new node's domain once a pod is placed there. A scale-down keeps the domains of the node it empties among a spread's eligible
 //! ones (a hostname spread then sees an empty domain, and may refuse a move the scheduler would
 //! take: never the other way round).
+//!
+//! The types are here; `index.rs` builds the counters from a pass's pods and nodes, `place.rs`
+//! answers whether a place allows a pod and keeps the counts as pods are placed and undone.
 
 use std::collections::{BTreeMap, HashMap};
 
