@@ -18,6 +18,13 @@ use super::plan::{self, Answer, Decision, Outcome, PlanOptions, PodRef, RefuseRe
 use super::unsatisfiable::Why;
 use crate::config::{OnDeadline, UnsatisfiableBudgets};
 
+mod answers;
+mod deadline;
+mod pod;
+
+use answers::*;
+pub use pod::{PodState, Refusal, Tracked};
+
 /// After a 429 from a budget, the earliest retry even if the budget reopens at once: keeps a
 /// budget that flaps from turning into a hot loop.
 pub const BUDGET_RETRY_FLOOR: Duration = Duration::from_millis(50);
@@ -77,115 +84,6 @@ impl fmt::Display for DrainOutcome {
     }
 }
 
-/// Why a pod stays on the node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
-    /// The plan refused it (unmanaged, emptyDir, annotated).
-    Plan(RefuseReason),
-    /// More than one budget selects it: the Eviction API cannot evict it.
-    MultipleBudgets(Vec<String>),
-    /// A 403 that concerns this pod only ([`Outcome::Denied`]): an admission check, NodeRestriction
-    /// or the Eviction API's own budget checks.
-    Denied {
-        /// The API's message, naming who denied it and why.
-        message: String,
-    },
-    /// The API rejected the eviction for good (a 4xx other than the ones a drain waits out).
-    Rejected {
-        /// HTTP status.
-        code: u16,
-        /// The API's message.
-        message: String,
-    },
-}
-
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Plan(r) => r.fmt(f),
-            Self::MultipleBudgets(b) => write!(
-                f,
-                "selected by more than one PodDisruptionBudget ({})",
-                b.join(", ")
-            ),
-            Self::Denied { message } => write!(f, "eviction denied (403): {message}"),
-            Self::Rejected { code, message } => write!(f, "eviction rejected ({code}): {message}"),
-        }
-    }
-}
-
-/// Where one pod is in its eviction.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PodState {
-    /// Not tried yet.
-    Pending,
-    /// An eviction (or the fallback's deletion) is in flight.
-    InFlight,
-    /// A budget said no at `since`; retry when it opens.
-    Blocked {
-        /// When the budget refused.
-        since: Instant,
-        /// The budgets (`namespace/name`) that select the pod.
-        budgets: Vec<String>,
-    },
-    /// A transient error; retry at `until`.
-    Backoff {
-        /// When to try again.
-        until: Instant,
-    },
-    /// Accepted, deleted by the fallback, or deleted by its namespace: waiting for it to go.
-    Leaving,
-    /// Gone from the node.
-    Gone,
-    /// Will not be evicted.
-    Refused(Refusal),
-    /// Its budget blocked it past its own `nodeward.io/drain-timeout` under `on_deadline =
-    /// abandon`: the drain no longer waits for it (reported as left behind).
-    GaveUp,
-    /// A replacement was asked of its Deployment ([`super::surge`]); evicted once it is Ready
-    /// elsewhere, or at `until` without it.
-    Surging {
-        /// When the surge was asked for.
-        since: Instant,
-        /// When the drain stops waiting for the replacement.
-        until: Instant,
-    },
-}
-
-/// One pod the drain evicts or refuses.
-#[derive(Debug, Clone)]
-pub struct Tracked {
-    /// The pod.
-    pub pod: PodRef,
-    /// Its labels, to find the budgets that select it.
-    pub labels: BTreeMap<String, String>,
-    /// Its wave.
-    pub wave: usize,
-    /// Where it is.
-    pub state: PodState,
-    /// Eviction requests sent for it.
-    pub attempts: u32,
-    /// Requests for it not answered yet (the pod may be gone before its answer comes back).
-    pub outstanding: u32,
-    /// The `delete` fallback sent its deletion (once per pod; a failed one leaves the pod to
-    /// the evictions and the deadline).
-    pub fallback_sent: bool,
-    /// How long the drain waits for its budget (`nodeward.io/drain-timeout`), if it says.
-    pub budget_wait: Option<Duration>,
-    /// When a budget first refused it.
-    pub first_blocked: Option<Instant>,
-    /// The ReplicaSet to surge through before its eviction ([`super::surge::wish`]), until the
-    /// surge was tried (once).
-    pub surge: Option<String>,
-    /// The budgets its eviction in flight goes through (see [`Budgets::of`]).
-    pub evicting_under: Vec<String>,
-    /// Why its budget cannot allow its eviction, once judged so for [`VERDICT_SETTLE`] while a
-    /// budget blocked it ([`Budgets::unsatisfiable`]).
-    pub unsatisfiable: Option<Why>,
-    /// Since when every judgement of its budget has found it hopeless.
-    pub hopeless_since: Option<Instant>,
-}
-
 /// What the schedule asks of the drain's view of the budgets.
 pub trait Budgets {
     /// Whether a budget selecting the pod allows a disruption now.
@@ -209,50 +107,6 @@ impl<F: Fn(&Tracked) -> bool> Budgets for F {
     }
     fn of(&self, _: &Tracked) -> Vec<String> {
         Vec::new()
-    }
-}
-
-impl Tracked {
-    /// Gone, refused or given up: the drain no longer waits for it.
-    pub fn settled(&self) -> bool {
-        matches!(
-            self.state,
-            PodState::Gone | PodState::Refused(_) | PodState::GaveUp
-        )
-    }
-
-    /// Whether the `delete` fallback may delete it: it is still there and not leaving, an
-    /// eviction of it was tried (the fallback is for pods their budget keeps, never a way around
-    /// the Eviction API), none is unanswered (if one went through, a deletion now would be
-    /// reported as bypassing its budget when it did not), and no deletion was sent before.
-    fn deletable(&self) -> bool {
-        !self.settled()
-            && self.state != PodState::Leaving
-            && self.attempts > 0
-            && self.outstanding == 0
-            && !self.fallback_sent
-    }
-
-    /// The `delete` fallback's deletion of the pod, now in flight (sent once per pod).
-    fn fallback_delete(&mut self, grace_seconds: u32) -> Command {
-        self.state = PodState::InFlight;
-        self.evicting_under.clear();
-        self.fallback_sent = true;
-        self.outstanding += 1;
-        Command::Delete {
-            pod: self.pod.clone(),
-            grace_seconds,
-        }
-    }
-
-    /// When its own wait for its budget ends, if it has one and a budget has refused it.
-    fn own_deadline(&self) -> Option<Instant> {
-        Some(later(self.first_blocked?, self.budget_wait?))
-    }
-
-    /// A budget blocks it and cannot allow its eviction.
-    fn hopeless(&self) -> bool {
-        matches!(self.state, PodState::Blocked { .. }) && self.unsatisfiable.is_some()
     }
 }
 
@@ -454,24 +308,6 @@ impl Schedule {
         std::mem::take(&mut self.notes)
     }
 
-    /// The pod `uid` left the node: a watch saw it deleted, or stopped ([`super::plan::left_node`]).
-    pub fn gone(&mut self, uid: &str) {
-        if let Some(t) = self.pods.get_mut(uid)
-            && !t.settled()
-        {
-            t.state = PodState::Gone;
-        }
-    }
-
-    /// After a relist: marks every pod not in `present` (UIDs on the node, from a synced pod list) as gone.
-    pub fn observe(&mut self, present: &BTreeSet<String>) {
-        for (uid, t) in &mut self.pods {
-            if !t.settled() && !present.contains(uid) {
-                t.state = PodState::Gone;
-            }
-        }
-    }
-
     /// The pods to evict and the pods refused by the plan.
     pub fn counts(&self) -> (usize, usize) {
         let refused = self
@@ -537,89 +373,6 @@ impl Schedule {
         Step::Run {
             wake: self.wake(now, budgets),
             commands,
-        }
-    }
-
-    /// How a drain whose pods are all settled ended.
-    fn outcome(&self) -> DrainOutcome {
-        let refused = self
-            .pods
-            .values()
-            .any(|t| matches!(t.state, PodState::Refused(_)));
-        if self.pods.values().any(|t| t.state == PodState::GaveUp) {
-            self.left_outcome(DrainOutcome::DeadlineExceeded)
-        } else if refused {
-            DrainOutcome::Refused
-        } else {
-            DrainOutcome::Drained
-        }
-    }
-
-    /// `otherwise`, unless every pod the drain leaves (given up, or still waited for) was left
-    /// because its budget cannot allow its eviction: then [`DrainOutcome::BudgetUnsatisfiable`].
-    fn left_outcome(&self, otherwise: DrainOutcome) -> DrainOutcome {
-        let mut left = self
-            .pods
-            .values()
-            .filter(|t| t.state == PodState::GaveUp || !t.settled())
-            .peekable();
-        if left.peek().is_some() && left.all(|t| t.unsatisfiable.is_some()) {
-            DrainOutcome::BudgetUnsatisfiable
-        } else {
-            otherwise
-        }
-    }
-
-    /// Asks of every pod a budget blocks whether that budget can ever allow its eviction; a pod
-    /// found hopeless at every step for [`VERDICT_SETTLE`] gets the verdict, said once.
-    fn judge_budgets(&mut self, now: Instant, budgets: &dyn Budgets, commands: &mut Vec<Command>) {
-        let acting = self.limits.unsatisfiable == UnsatisfiableBudgets::Act
-            && self.limits.on_deadline != OnDeadline::Wait;
-        for t in self.pods.values_mut() {
-            if !matches!(t.state, PodState::Blocked { .. }) {
-                continue;
-            }
-            let Some(why) = budgets.unsatisfiable(t) else {
-                t.hopeless_since = None;
-                t.unsatisfiable = None;
-                continue;
-            };
-            let since = *t.hopeless_since.get_or_insert(now);
-            if why.needs_settling() && now < later(since, VERDICT_SETTLE) {
-                continue;
-            }
-            if t.unsatisfiable.is_none() {
-                commands.push(Command::Unsatisfiable {
-                    pod: t.pod.clone(),
-                    why: why.clone(),
-                    acting,
-                });
-            }
-            t.unsatisfiable = Some(why);
-        }
-    }
-
-    /// `on_deadline = delete` near the deadline: every pod still there is deleted, once, after
-    /// an eviction of it was tried (from now on the pods of every wave are evicted, so a pod
-    /// whose wave has not begun is tried first too).
-    fn fallback(&mut self, now: Instant, commands: &mut Vec<Command>) {
-        if self.limits.on_deadline != OnDeadline::Delete || now < self.fallback_at {
-            return;
-        }
-        self.fallback_started = true;
-        let grace = plan::fallback_grace(self.deadline.saturating_duration_since(now));
-        for t in self.pods.values_mut().filter(|t| t.deletable()) {
-            commands.push(t.fallback_delete(grace));
-            self.in_flight += 1;
-        }
-    }
-
-    /// The last wave whose pods are evicted now: every wave once the `delete` fallback started.
-    fn open_wave(&self) -> usize {
-        if self.fallback_started {
-            usize::MAX
-        } else {
-            self.wave
         }
     }
 
@@ -739,156 +492,6 @@ impl Schedule {
             }
         }
     }
-
-    /// The surge's replacement is Ready (or there will be none): the pod is evicted now.
-    pub fn replaced(&mut self, uid: &str) {
-        if let Some(t) = self.pods.get_mut(uid)
-            && matches!(t.state, PodState::Surging { .. })
-        {
-            t.state = PodState::Pending;
-        }
-    }
-
-    /// Pods whose budget has blocked them past their own drain timeout, or whose budget cannot
-    /// allow their eviction (unless `unsatisfiable_budgets = wait`), get the deadline policy now,
-    /// not at the node's deadline: deleted under `delete` (with the time left to the node's
-    /// deadline as grace), given up under `abandon`; `wait` waits on.
-    fn own_deadlines(&mut self, now: Instant, commands: &mut Vec<Command>) {
-        let grace = plan::fallback_grace(self.deadline.saturating_duration_since(now));
-        let act = self.limits.unsatisfiable == UnsatisfiableBudgets::Act;
-        for t in self.pods.values_mut() {
-            let due = t.own_deadline().is_some_and(|d| now >= d) || (act && t.hopeless());
-            if !due || t.settled() || t.state == PodState::Leaving || t.outstanding > 0 {
-                continue;
-            }
-            match self.limits.on_deadline {
-                OnDeadline::Delete if t.deletable() => {
-                    commands.push(t.fallback_delete(grace));
-                    self.in_flight += 1;
-                }
-                OnDeadline::Abandon => t.state = PodState::GaveUp,
-                OnDeadline::Delete | OnDeadline::Wait => {}
-            }
-        }
-    }
-
-    /// Advances through waves whose pods are all settled or whose share of time is spent.
-    fn advance_waves(&mut self, now: Instant, commands: &mut Vec<Command>) {
-        while self.wave + 1 < self.wave_ends.len() {
-            let settled = self
-                .pods
-                .values()
-                .filter(|t| t.wave <= self.wave)
-                .all(Tracked::settled);
-            if !settled && now < self.wave_ends[self.wave] {
-                return;
-            }
-            commands.push(Command::WaveEnded {
-                wave: self.wave,
-                settled,
-            });
-            self.wave += 1;
-        }
-    }
-
-    /// The answer to an eviction of `uid` at `now`; `matching` are the budgets that select the
-    /// pod in the drain's view of them.
-    pub fn evict_answered(
-        &mut self,
-        uid: &str,
-        answer: &Answer,
-        matching: Vec<String>,
-        now: Instant,
-    ) -> Verdict {
-        let Some(t) = self.pods.get_mut(uid) else {
-            return Verdict::Continue;
-        };
-        if t.outstanding > 0 {
-            t.outstanding -= 1;
-            self.in_flight -= 1;
-        }
-        if t.state != PodState::InFlight {
-            return Verdict::Continue;
-        }
-        t.state = match answer.outcome() {
-            Outcome::Evicted | Outcome::Gone | Outcome::NamespaceTerminating => PodState::Leaving,
-            Outcome::BudgetExhausted => {
-                t.first_blocked.get_or_insert(now);
-                PodState::Blocked {
-                    since: now,
-                    budgets: matching,
-                }
-            }
-            Outcome::Retry => PodState::Backoff {
-                until: later(now, backoff(t.attempts)),
-            },
-            Outcome::MultipleBudgets => PodState::Refused(Refusal::MultipleBudgets(matching)),
-            Outcome::Denied => PodState::Refused(Refusal::Denied {
-                message: answer.message.clone(),
-            }),
-            Outcome::Rejected => PodState::Refused(Refusal::Rejected {
-                code: answer.code,
-                message: answer.message.clone(),
-            }),
-            Outcome::Forbidden => {
-                t.state = PodState::Pending;
-                return Verdict::Forbidden;
-            }
-        };
-        Verdict::Continue
-    }
-
-    /// The answer to a deletion of the `delete` fallback.
-    pub fn delete_answered(&mut self, uid: &str, result: Deleted) {
-        let Some(t) = self.pods.get_mut(uid) else {
-            return;
-        };
-        if t.outstanding > 0 {
-            t.outstanding -= 1;
-            self.in_flight -= 1;
-        }
-        if result == Deleted::Accepted {
-            // Counted even when the watch saw the pod go before this answer came back.
-            self.force_deleted.push(t.pod.clone());
-        }
-        if t.state != PodState::InFlight {
-            return;
-        }
-        t.state = match result {
-            Deleted::Accepted => PodState::Leaving,
-            Deleted::Gone => PodState::Gone,
-            // Left to the evictions and the deadline.
-            Deleted::Failed => PodState::Pending,
-        };
-    }
-
-    /// The report's lists: evicted, skipped, refused, left behind, deleted past the budget, and
-    /// the eviction requests sent.
-    pub fn finish(self) -> Tally {
-        let mut tally = Tally {
-            skipped: self.skipped,
-            force_deleted: self.force_deleted,
-            eviction_requests: self.eviction_requests,
-            ..Tally::default()
-        };
-        for t in self.pods.into_values() {
-            let deleted = tally.force_deleted.iter().any(|p| p.uid == t.pod.uid);
-            let left = !matches!(t.state, PodState::Gone | PodState::Refused(_));
-            if let Some(why) = t.unsatisfiable.clone()
-                && (deleted || left)
-            {
-                tally.unsatisfiable.push((t.pod.clone(), why));
-            }
-            match t.state {
-                // Counted once, apart: it went past its budget, not through it.
-                PodState::Gone if deleted => {}
-                PodState::Gone => tally.evicted.push(t.pod),
-                PodState::Refused(why) => tally.refused.push((t.pod, why)),
-                _ => tally.left_behind.push(t.pod),
-            }
-        }
-        tally
-    }
 }
 
 /// What became of the pods, for the report.
@@ -909,30 +512,6 @@ pub struct Tally {
     pub unsatisfiable: Vec<(PodRef, Why)>,
     /// Eviction requests sent.
     pub eviction_requests: usize,
-}
-
-/// When a pod may be tried (again): at once when pending; after its backoff; for a pod a
-/// budget blocked, [`BUDGET_RETRY_FLOOR`] after the refusal once a budget selecting it opens,
-/// and [`BUDGET_RETRY_CEILING`] after it in any case. `None`: not to be tried.
-fn retry_at(t: &Tracked, now: Instant, budgets: &dyn Budgets) -> Option<Instant> {
-    match &t.state {
-        PodState::Pending => Some(now),
-        PodState::Backoff { until } => Some(*until),
-        PodState::Blocked { since, .. } => Some(if budgets.open(t) {
-            later(*since, BUDGET_RETRY_FLOOR)
-        } else {
-            later(*since, BUDGET_RETRY_CEILING)
-        }),
-        _ => None,
-    }
-}
-
-/// The backoff after `attempts` failed tries: doubling from [`RETRY_BASE`], capped at
-/// [`RETRY_CAP`].
-pub fn backoff(attempts: u32) -> Duration {
-    RETRY_BASE
-        .saturating_mul(1 << attempts.min(6))
-        .min(RETRY_CAP)
 }
 
 #[cfg(test)]
