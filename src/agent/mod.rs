@@ -34,6 +34,7 @@
 
 mod api;
 mod backoff;
+mod boot;
 mod event_loop;
 mod known;
 mod lock;
@@ -42,6 +43,10 @@ pub mod node;
 mod shutdown;
 pub mod state;
 pub mod status;
+mod streams;
+
+use boot::*;
+use streams::*;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -709,98 +714,6 @@ impl Report {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// A cluster-wide watch of `K` narrowed by `fields`, without `Init` (see `Agent::watches`), with
-/// kube's backoff.
-fn own_watch<K>(client: &kube::Client, fields: &str) -> WatchStream<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + 'static,
-{
-    watcher(
-        Api::<K>::all(client.clone()),
-        watcher::Config::default().fields(fields),
-    )
-    .filter(not_init)
-    .default_backoff()
-    .boxed()
-}
-
-fn not_init<K>(ev: &watcher::Result<watcher::Event<K>>) -> std::future::Ready<bool> {
-    std::future::ready(!matches!(ev, Ok(watcher::Event::Init)))
-}
-
-/// The next change of a watched value, or never when there is none to watch.
-async fn changed_or_pending<T>(
-    rx: &mut Option<tokio::sync::watch::Receiver<T>>,
-) -> Result<(), tokio::sync::watch::error::RecvError> {
-    match rx.as_mut() {
-        Some(rx) => rx.changed().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn next_or_pending<T>(s: &mut Option<BoxStream<'static, T>>) -> Option<T> {
-    match s {
-        Some(s) => s.next().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// This boot's start on the wall clock: now minus the time since this userspace started, which
-/// is the kernel's boot (`CLOCK_BOOTTIME`, which counts suspended time too) moved on by
-/// `userspace_since_boot`. A `systemctl soft-reboot` keeps the kernel and its clocks but starts
-/// userspace, and this agent, anew: a shutdown cordon made before it is from before this boot.
-/// A syscall rather than /proc/stat, which the hardened unit hides (`ProcSubset=pid`).
-fn boot_time(userspace_since_boot: Duration) -> Option<jiff::Timestamp> {
-    use nix::time::ClockId;
-    this_boot(
-        jiff::Timestamp::now(),
-        clock(ClockId::CLOCK_BOOTTIME)?,
-        userspace_since_boot,
-    )
-}
-
-/// [`boot_time`]'s arithmetic: `now` less the time since userspace started.
-fn this_boot(
-    now: jiff::Timestamp,
-    since_kernel_boot: Duration,
-    userspace_since_boot: Duration,
-) -> Option<jiff::Timestamp> {
-    let up = since_kernel_boot.saturating_sub(userspace_since_boot);
-    now.checked_sub(jiff::SignedDuration::try_from(up).ok()?)
-        .ok()
-}
-
-/// Where on `CLOCK_BOOTTIME` userspace started, from systemd's start on `CLOCK_MONOTONIC`
-/// ([`crate::systemd::Systemd::userspace_start_monotonic`]): the two clocks differ by the
-/// time spent suspended, all of it counted as before the start (at worst the boot reads a
-/// little later than it was).
-fn userspace_since_boot(monotonic_start: Duration) -> Option<Duration> {
-    use nix::time::ClockId;
-    let suspended =
-        clock(ClockId::CLOCK_BOOTTIME)?.saturating_sub(clock(ClockId::CLOCK_MONOTONIC)?);
-    monotonic_start.checked_add(suspended)
-}
-
-fn clock(id: nix::time::ClockId) -> Option<Duration> {
-    let t = nix::time::clock_gettime(id).ok()?;
-    Some(Duration::new(
-        u64::try_from(t.tv_sec()).ok()?,
-        u32::try_from(t.tv_nsec()).ok()?,
-    ))
 }
 
 #[cfg(test)]

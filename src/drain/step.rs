@@ -7,7 +7,7 @@
 //! returned wake-up time. Waves, the deadline and each `on_deadline` policy, and the retry rules
 //! of a budget-blocked or backed-off pod are therefore table-tested with synthetic instants.
 //!
-//! Read `step.rs` first ([`Schedule::step`], [`Schedule::wake`]), then `pod.rs` (one pod's
+//! Read `step.rs` first ([`Schedule::step`], `Schedule::wake`), then `pod.rs` (one pod's
 //! state), `answers.rs` (what an answer or a watch event does) and `deadline.rs` (waves, the
 //! deadline's policy, a hopeless budget, the outcome).
 
