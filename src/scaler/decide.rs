@@ -55,8 +55,8 @@ pub use actions::{Action, DeleteNodeReason, RepairReason, ScaleUpReason};
 use backoff::*;
 pub use backoff::{back_off, backoff_for};
 use bins::*;
-pub use guard::unhealthy;
 use guard::*;
+pub use guard::{remember_guards, unhealthy};
 use repair::*;
 use scale_up::*;
 

@@ -375,6 +375,9 @@ pub struct Snapshot {
     pub machines: Vec<MachineView>,
     /// Back-off per group.
     pub backoff: BTreeMap<String, Backoff>,
+    /// When a cluster-health guard last held, by guard: `""` the cluster's, else the group's
+    /// name (the status ConfigMap's `guard_held`, [`crate::scaler::decide::remember_guards`]).
+    pub guard_held: BTreeMap<String, jiff::Timestamp>,
     /// Every PodDisruptionBudget.
     pub budgets: Vec<BudgetView>,
     /// A whole-cluster shutdown is recorded (`nodeward cluster shutdown`): the scaler holds

@@ -466,7 +466,13 @@ impl<P: Provider + 'static> Inner<P> {
                 .pending_to_create_seconds
                 .observe(d.as_secs_f64());
         }
-        self.write_status(now, &states, &run.backoff, pending, &actions)
+        let guards = decide::remember_guards(
+            &snap.guard_held,
+            &actions,
+            now,
+            self.settings.unready_delete_time,
+        );
+        self.write_status(now, &states, &run.backoff, &guards, pending, &actions)
             .await;
         Ok(actions)
     }

@@ -73,3 +73,40 @@ impl UnreadyBudget {
         }
     }
 }
+
+/// From when a NotReady node's time counts towards `unready_delete_time`: its own NotReady
+/// transition (`since`), or the last pass a guard over it held (the cluster's, or its group's),
+/// whichever is later. An outage's nodes come back one by one: the guard lets go once few are
+/// left NotReady, and a node whose kubelet reports a second later than the others must not be
+/// taken for a broken machine because the outage itself lasted longer than `unready_delete_time`.
+pub(super) fn unready_since(
+    snap: &Snapshot,
+    group: &str,
+    since: Option<Timestamp>,
+) -> Option<Timestamp> {
+    [snap.guard_held.get(""), snap.guard_held.get(group)]
+        .into_iter()
+        .flatten()
+        .copied()
+        .chain(since)
+        .max()
+}
+
+/// The guards' memory after a pass, for the status ConfigMap: each guard that held in `actions`
+/// (a [`Action::GuardHolds`]) at `now`, the others as they were, forgetting what is older than
+/// `keep` (`unready_delete_time`: no NotReady time counts from further back than that anyway).
+pub fn remember_guards(
+    before: &BTreeMap<String, Timestamp>,
+    actions: &[Action],
+    now: Timestamp,
+    keep: std::time::Duration,
+) -> BTreeMap<String, Timestamp> {
+    let mut held = before.clone();
+    for a in actions {
+        if let Action::GuardHolds { group, .. } = a {
+            held.insert(group.clone().unwrap_or_default(), now);
+        }
+    }
+    held.retain(|_, at| elapsed(now, *at) < keep);
+    held
+}

@@ -76,7 +76,8 @@ pub(super) fn repair_machines<'a>(
                 Some(RepairReason::NeverReady)
             }
             Some(n) if !n.first_boot() && !n.ready => {
-                let since = n.ready_transition.or(n.created).unwrap_or(m.created);
+                let own = n.ready_transition.or(n.created).unwrap_or(m.created);
+                let since = unready_since(snap, &m.group, Some(own)).unwrap_or(own);
                 (elapsed(now, since) >= s.unready_delete_time).then_some(RepairReason::Unready)
             }
             Some(_) => None,
@@ -132,8 +133,8 @@ pub(super) fn delete_machineless_nodes<'a>(
         {
             continue;
         }
-        if n.ready_transition
-            .or(n.created)
+        let own = n.ready_transition.or(n.created);
+        if unready_since(snap, &s.groups[gi].name, own)
             .is_some_and(|since| elapsed(now, since) >= s.unready_delete_time)
             && budget.take(gi)
         {

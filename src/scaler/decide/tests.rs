@@ -2904,3 +2904,67 @@ fn a_cluster_shutdown_pauses_every_decision() {
         assert_eq!(acted[1..], decide(&without, now, &s)[..], "{what}");
     }
 }
+
+/// The soak on the real control plane: an outage of 50 s made every node NotReady, the guard
+/// held; as the kubelets came back one by one it let go with one node still NotReady, whose 50 s
+/// were past `unready_delete_time`, and its machine was deleted. A node's NotReady time now
+/// counts from the last pass a guard over it held, when that is later than its own transition.
+#[test]
+fn an_outages_last_straggler_gets_unready_delete_time_after_the_guard_lets_go() {
+    let s = settings(vec![group("web", 0, 10)]);
+    let snap = fleet(8, 1);
+    assert_eq!(
+        unready_repairs(&decide(&snap, at(60), &s)),
+        1,
+        "no guard held: repaired"
+    );
+    for key in ["", "web"] {
+        let mut recent = snap.clone();
+        recent.guard_held.insert(key.into(), at(50));
+        assert_eq!(
+            unready_repairs(&decide(&recent, at(60), &s)),
+            0,
+            "guard {key:?} held 10 minutes ago: waited for"
+        );
+        let mut machineless = recent.clone();
+        machineless.machines.remove(0);
+        assert_eq!(
+            unready_repairs(&decide(&machineless, at(60), &s)),
+            0,
+            "guard {key:?}: a machineless Node too"
+        );
+        let mut old = snap.clone();
+        old.guard_held.insert(key.into(), at(30));
+        assert_eq!(
+            unready_repairs(&decide(&old, at(60), &s)),
+            1,
+            "guard {key:?} held 30 minutes ago: repaired"
+        );
+    }
+    // Another group's guard is not this one's.
+    let mut other = snap.clone();
+    other.guard_held.insert("db".into(), at(50));
+    assert_eq!(unready_repairs(&decide(&other, at(60), &s)), 1);
+}
+
+#[test]
+fn the_guards_memory_keeps_each_guards_last_hold() {
+    let keep = std::time::Duration::from_secs(20 * 60);
+    let before = BTreeMap::from([("db".to_string(), at(1)), ("old".to_string(), at(0))]);
+    let held = |group: Option<&str>| Action::GuardHolds {
+        group: group.map(str::to_string),
+        unready: 2,
+        total: 2,
+        held: 2,
+    };
+    let after = remember_guards(&before, &[held(None), held(Some("web"))], at(20), keep);
+    assert_eq!(
+        after,
+        BTreeMap::from([
+            (String::new(), at(20)),
+            ("db".to_string(), at(1)),
+            ("web".to_string(), at(20)),
+        ]),
+        "each guard that held now; the others kept until unready_delete_time has passed"
+    );
+}

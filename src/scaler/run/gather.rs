@@ -41,10 +41,14 @@ impl<P: Provider + 'static> Inner<P> {
         let status = status.map_err(api("read the status ConfigMap"))?;
         let budgets = budgets.map_err(api("list poddisruptionbudgets"))?;
         let machines = machines?;
-        let backoff = status
-            .and_then(|cm| cm.data)
-            .and_then(|d| d.get("backoff").cloned())
-            .and_then(|b| serde_json::from_str(&b).ok())
+        let data = status.and_then(|cm| cm.data).unwrap_or_default();
+        let backoff = data
+            .get("backoff")
+            .and_then(|b| serde_json::from_str(b).ok())
+            .unwrap_or_default();
+        let guard_held = data
+            .get("guard_held")
+            .and_then(|g| serde_json::from_str(g).ok())
             .unwrap_or_default();
         Ok(Snapshot {
             nodes: nodes.items.iter().map(model::node_view).collect(),
@@ -55,6 +59,7 @@ impl<P: Provider + 'static> Inner<P> {
                 .collect(),
             machines,
             backoff,
+            guard_held,
             budgets: budgets.items.iter().map(model::budget_view).collect(),
             cluster_shutdown,
         })

@@ -224,6 +224,7 @@ impl<P: Provider + 'static> Inner<P> {
         now: Timestamp,
         states: &BTreeMap<String, GroupState>,
         backoff: &BTreeMap<String, Backoff>,
+        guard_held: &BTreeMap<String, Timestamp>,
         pending: usize,
         actions: &[Action],
     ) {
@@ -238,6 +239,7 @@ impl<P: Provider + 'static> Inner<P> {
         let data = json!({
             "status": text,
             "backoff": serde_json::to_string(backoff).unwrap_or_default(),
+            "guard_held": serde_json::to_string(guard_held).unwrap_or_default(),
         });
         self.put_status(data).await;
     }
