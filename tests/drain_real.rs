@@ -582,24 +582,19 @@ async fn a_terminating_namespace_is_waited_for(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
 }
 
-/// A ValidatingAdmissionPolicy `ns-keep-db` (reason Forbidden) denying the eviction of `db-0` in
-/// `ns`, and its binding; returns once kube-apiserver enforces it (a dry-run eviction is denied).
-async fn deny_eviction_of_db(admin: &kube::Client, ns: &str) -> String {
+/// Creates a ValidatingAdmissionPolicy `name` (reason Forbidden) denying `operation` on `resource`
+/// (core group) unless `allow` holds, and its binding.
+async fn deny(admin: &kube::Client, name: &str, resource: &str, allow: String, message: &str) {
     use k8s_openapi::api::admissionregistration::v1::{
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     };
-    let name = format!("{ns}-keep-db");
     let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
             "failurePolicy": "Fail",
             "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                "operations": ["CREATE"], "resources": ["pods/eviction"]}]},
-            "validations": [{
-                "expression": format!("request.namespace != '{ns}' || request.name != 'db-0'"),
-                "message": "the primary database is never evicted",
-                "reason": "Forbidden"
-            }]
+                "operations": ["CREATE"], "resources": [resource]}]},
+            "validations": [{"expression": allow, "message": message, "reason": "Forbidden"}]
         }
     }))
     .expect("policy json");
@@ -617,6 +612,21 @@ async fn deny_eviction_of_db(admin: &kube::Client, ns: &str) -> String {
         .create(&pp, &binding)
         .await
         .expect("create binding");
+}
+
+/// A ValidatingAdmissionPolicy `ns-keep-db` (reason Forbidden) denying the eviction of `db-0` in
+/// `ns`, and its binding; returns once kube-apiserver enforces it (a dry-run eviction is denied).
+async fn deny_eviction_of_db(admin: &kube::Client, ns: &str) -> String {
+    let name = format!("{ns}-keep-db");
+    let allow = format!("request.namespace != '{ns}' || request.name != 'db-0'");
+    deny(
+        admin,
+        &name,
+        "pods/eviction",
+        allow,
+        "the primary database is never evicted",
+    )
+    .await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
     let dry = kube::api::EvictParams {
         post_options: PostParams {
@@ -1197,38 +1207,16 @@ async fn a_stale_cluster_shutdown_is_not_obeyed_at_poweroff(cluster: Cluster) {
 /// A ValidatingAdmissionPolicy denying the creation of any pod in `ns` (as a pod-create webhook
 /// outage or a quota would); returns its name once kube-apiserver enforces it.
 async fn deny_pod_creation(admin: &kube::Client, ns: &str) -> String {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
     let name = format!("{ns}-no-pods");
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                "operations": ["CREATE"], "resources": ["pods"]}]},
-            "validations": [{
-                "expression": format!("request.namespace != '{ns}'"),
-                "message": "no pod is created here for now",
-                "reason": "Forbidden"
-            }]
-        }
-    }))
-    .expect("policy json");
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"]}
-    }))
-    .expect("binding json");
-    let pp = PostParams::default();
-    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
-        .create(&pp, &policy)
-        .await
-        .expect("create policy");
-    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
-        .create(&pp, &binding)
-        .await
-        .expect("create binding");
+    let allow = format!("request.namespace != '{ns}'");
+    deny(
+        admin,
+        &name,
+        "pods",
+        allow,
+        "no pod is created here for now",
+    )
+    .await;
     let probe: Pod = serde_json::from_value(json!({
         "metadata": {"name": "probe", "namespace": ns},
         "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
