@@ -231,10 +231,9 @@ fn shutdown_drain(
     };
     let reason =
         format!("shutdown ({kind:?}; nodeward-drain.service stopped by the system)").to_lowercase();
-    Some((
-        policy,
-        crate::drain::DrainOptions::for_leaving_node(&settings.drain, reason, true),
-    ))
+    let mut opts = crate::drain::DrainOptions::for_leaving_node(&settings.drain, reason, true);
+    opts.lifecycle = settings.conditions.lifecycle;
+    Some((policy, opts))
 }
 
 /// The `cordon` shutdown policy: the shutdown cordon alone, bounded by the drain's deadline.
@@ -300,6 +299,7 @@ async fn drain(config: Option<&Path>, args: DrainArgs) -> anyhow::Result<u8> {
         })
         .transpose()?;
     let mut opts = crate::drain::DrainOptions::from_settings(&settings.drain, "nodeward drain");
+    opts.lifecycle = settings.conditions.lifecycle;
     // As nodeward-drain.service's ExecStop, systemd kills this at the unit's TimeoutStopSec=, and
     // the questions below (the agent's status, systemd's job queue, up to `systemd::TIMEOUT`)
     // come before the drain: ask for this drain's bound before any of them. On a real node under

@@ -16,6 +16,7 @@ pub mod fuzzing;
 pub mod gate;
 pub mod kube_client;
 pub mod lease;
+pub mod lifecycle;
 pub mod logging;
 pub mod logind;
 pub mod metrics_http;

@@ -558,7 +558,42 @@ impl Agent {
                 return;
             }
         }
+        if let Err(e) = self.settle_lifecycle(&client).await {
+            self.api
+                .write_failed(&self.node, "cannot clear the lifecycle conditions", &e);
+            return;
+        }
         self.api.writes_succeeded(&self.node);
+    }
+
+    /// Clears the lifecycle conditions of a moment that is over ([`crate::lifecycle::settle`]):
+    /// a shutdown of an earlier boot, a drain whose node is schedulable again.
+    async fn settle_lifecycle(&mut self, client: &kube::Client) -> Result<(), String> {
+        let (Some(n), Some(booted_at)) = (
+            self.known.node_obj.clone(),
+            boot_time(self.known.userspace_since_boot),
+        ) else {
+            return Ok(());
+        };
+        let shutting_down = self.known.shutdown_started.is_some();
+        let agent = crate::lifecycle::Agent {
+            shutting_down,
+            draining: shutting_down,
+            booted_at,
+        };
+        if !self.settings.conditions.lifecycle || crate::lifecycle::settle(&n, agent).is_empty() {
+            return Ok(());
+        }
+        let decide = |n: &Node| crate::lifecycle::settle(n, agent);
+        match crate::lifecycle::write_deciding(client, &self.node, Some(n), decide, true).await {
+            Ok(Some(n)) => {
+                info!(node = %self.node, "the lifecycle conditions of a moment that is over cleared");
+                self.known.wrote_node(n, true);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// Does one of the state machine's actions; on failure, what failed and why.

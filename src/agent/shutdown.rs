@@ -4,6 +4,7 @@
 use super::*;
 use crate::out_of_service::{self, PowerOff};
 use crate::systemd::{DRAIN_UNIT, Systemd};
+use tracing::debug;
 
 /// The power-off record's write may take this long past the drain's deadline (at most half the
 /// safety margin, which is what remains of logind's cap): one small patch.
@@ -13,6 +14,11 @@ const ANNOUNCE_TIME: Duration = Duration::from_secs(2);
 /// for it: both leave the bus together, so milliseconds; a quarter second even on an emulated
 /// CPU, taken from the drain only when no call was seen at all (a power button, no monitor).
 const CALL_WAIT: Duration = Duration::from_millis(250);
+
+/// How long the shutdown's drain waits for `GracefulNodeShutdownInProgress` to be written before
+/// it starts (so that the Node says the shutdown before the drain): one patch, milliseconds; an
+/// API server slower than this costs the drain no more.
+const SAY_SHUTDOWN_WAIT: Duration = Duration::from_secs(1);
 
 impl Agent {
     /// What logind said at `at` (when the signal arrived).
@@ -57,6 +63,10 @@ impl Agent {
                     stop.send_replace(true);
                 }
                 self.rearm_drain_unit();
+                let said = self.say_lifecycle(crate::lifecycle::Moment::ShutdownCancelled);
+                if tokio::time::timeout(SAY_SHUTDOWN_WAIT, said).await.is_err() {
+                    debug!("the cancel was not said in GracefulNodeShutdownInProgress in time");
+                }
                 self.withdraw_power_off().await;
                 if self.known.lock != Lock::Held {
                     self.take_lock().await;
@@ -146,6 +156,9 @@ impl Agent {
             cancelled,
             recorded: self.logind.recorded.clone(),
         });
+        let say = self.say_lifecycle(crate::lifecycle::Moment::ShutdownPreparing {
+            kind: &format!("{kind:?}"),
+        });
         let drain: DrainFuture = match policy {
             ShutdownPolicy::Nothing => {
                 Box::pin(async move { outcome(ShutdownOutcome::NothingToDo) })
@@ -164,10 +177,40 @@ impl Agent {
             }),
             ShutdownPolicy::Drain => Box::pin(drain_leaving(client, node, until, opts)),
         };
+        let drain: DrainFuture = Box::pin(async move {
+            if tokio::time::timeout(SAY_SHUTDOWN_WAIT, say).await.is_err() {
+                debug!(
+                    "GracefulNodeShutdownInProgress not written in {SAY_SHUTDOWN_WAIT:?}; draining without it"
+                );
+            }
+            drain.await
+        });
         Some(match record {
             Some(r) => with_record(drain, r),
             None => drain,
         })
+    }
+
+    /// The write of `moment`'s lifecycle conditions on this Node (nothing with `[conditions]
+    /// lifecycle = false` or no client), as a future the caller bounds; a failure is logged.
+    pub(super) fn say_lifecycle(
+        &self,
+        moment: crate::lifecycle::Moment<'_>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let wants = crate::lifecycle::wants(&moment);
+        let client = self
+            .api
+            .client
+            .clone()
+            .filter(|_| self.settings.conditions.lifecycle);
+        let (node, current) = (self.node.clone(), self.known.node_obj.clone());
+        async move {
+            let Some(client) = client else { return };
+            match crate::lifecycle::write(&client, &node, current, &wants, true).await {
+                Ok(_) => debug!(node, "lifecycle conditions written"),
+                Err(e) => warn!(node, error = %e, "cannot write the lifecycle conditions"),
+            }
+        }
     }
 
     /// The shutdown drain's options: the `[drain]` settings for a leaving node, wired to the
@@ -182,6 +225,7 @@ impl Agent {
         tokio::sync::watch::Receiver<bool>,
     ) {
         let mut opts = crate::drain::DrainOptions::for_leaving_node(drain, reason, true);
+        opts.lifecycle = self.settings.conditions.lifecycle;
         opts.metrics = Some(self.report.metrics.drain.clone());
         opts.cordoned = Some(self.logind.cordoned.clone());
         let (progress, watching) = tokio::sync::watch::channel(None);

@@ -332,6 +332,10 @@ async fn node_lines(
                     "absent"
                 }
             );
+            let lifecycle = crate::lifecycle::summary(&n);
+            if !lifecycle.is_empty() {
+                let _ = writeln!(out, "  lifecycle:   {}", lifecycle.join(", "));
+            }
             match crate::drain::explain::condition(&n) {
                 Some(c) => {
                     let _ = writeln!(

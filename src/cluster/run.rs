@@ -70,6 +70,8 @@ pub struct ShutdownOptions {
     pub bands: Vec<Band>,
     /// Requests in flight at once (cordons, deletions).
     pub concurrency: usize,
+    /// Say `MaintenanceInProgress` on each node cordoned (`[conditions] lifecycle`).
+    pub lifecycle: bool,
 }
 
 /// How a cluster shutdown ended.
@@ -329,6 +331,34 @@ async fn cordon_all(
     Ok(mine)
 }
 
+/// Writes the lifecycle conditions `decide` wants on each of `nodes`, `concurrency` at a time; a
+/// node that cannot be written is said, not a reason to stop (the cordons are what matter).
+async fn say_on_nodes(
+    client: &kube::Client,
+    nodes: &BTreeSet<String>,
+    decide: impl Fn(&Node) -> Vec<crate::lifecycle::Want> + Clone,
+    concurrency: usize,
+    say: &mut dyn FnMut(&str),
+) {
+    let failed: Vec<(String, kube::Error)> = futures::stream::iter(nodes.iter().cloned())
+        .map(|n| {
+            let decide = decide.clone();
+            async move {
+                let written = crate::lifecycle::write_deciding(client, &n, None, decide, true);
+                written.await.err().map(|e| (n, e))
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .filter_map(std::future::ready)
+        .collect()
+        .await;
+    for (n, e) in failed {
+        say(&format!(
+            "node {n}: its MaintenanceInProgress condition not written ({e}; needs patch on nodes/status)"
+        ));
+    }
+}
+
 /// Deletes one pod gracefully (its own grace period), only if it is still that pod (UID).
 /// Gone already (404) or replaced (409) is fine; any other refusal is returned.
 async fn delete_pod(client: &kube::Client, p: &PodRef) -> Option<String> {
@@ -439,6 +469,17 @@ pub async fn shutdown(
     }
     let mine = cordon_all(client, &names, opts.concurrency, say).await?;
     say(&format!("cordoned {} of {} nodes", mine.len(), names.len()));
+    if opts.lifecycle {
+        let maintenance = crate::lifecycle::wants(&crate::lifecycle::Moment::ClusterShutdown);
+        say_on_nodes(
+            client,
+            &mine,
+            |_| maintenance.clone(),
+            opts.concurrency,
+            say,
+        )
+        .await;
+    }
     intent.cordoned.extend(mine);
     write_intent(client, &intent).await?;
     let mut report = stop_waves(client, &mut watch, opts, &ds, say).await;
@@ -569,6 +610,19 @@ pub async fn start(client: &kube::Client, concurrency: usize) -> Result<StartRep
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await;
+    // What the shutdown said on its nodes (whatever `[conditions] lifecycle` said then: only a
+    // MaintenanceInProgress the shutdown wrote is cleared).
+    let over = crate::lifecycle::wants(&crate::lifecycle::Moment::ClusterStarted);
+    let ours = |n: &Node| {
+        let said = crate::node_write::condition(n, crate::lifecycle::MAINTENANCE_IN_PROGRESS)
+            .is_some_and(|c| {
+                c.status == "True"
+                    && c.reason.as_deref() == Some(crate::lifecycle::REASON_CLUSTER_SHUTDOWN)
+            });
+        if said { over.clone() } else { Vec::new() }
+    };
+    let mut quiet = |line: &str| warn!("{line}");
+    say_on_nodes(client, &recorded, ours, concurrency, &mut quiet).await;
     let mut report = StartReport {
         not_ours: todo.not_ours,
         kept: todo.kept,

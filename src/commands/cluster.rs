@@ -32,6 +32,7 @@ async fn shutdown(config: Option<&Path>, args: ClusterShutdownArgs) -> anyhow::R
         },
         bands: drain.waves.clone(),
         concurrency: usize::try_from(drain.concurrency).unwrap_or(usize::MAX),
+        lifecycle: settings.conditions.lifecycle,
     };
     let client = crate::kube_client::client(args.kubeconfig.as_deref()).await?;
     let mut say = |line: &str| println!("{line}");

@@ -29,6 +29,7 @@ const MERGED_TABLES: &[&str] = &[
     "gates",
     "shutdown",
     "reboot",
+    "conditions",
     "scaler",
     "scaler.cherry",
     "scaler.exec",

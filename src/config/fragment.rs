@@ -56,7 +56,17 @@ pub(crate) struct Fragment {
     scaler: Option<ScalerFragment>,
     /// `[reboot]`
     reboot: Option<RebootFragment>,
+    /// `[conditions]`
+    conditions: Option<ConditionsFragment>,
 }
+
+fragment!(
+    /// `[conditions]`
+    ConditionsFragment {
+        /// Kubernetes' lifecycle conditions.
+        lifecycle: bool,
+    }
+);
 
 fragment!(
     /// `[reboot]`
@@ -576,6 +586,9 @@ impl Fragment {
         if let Some(b) = later.reboot {
             self.reboot.get_or_insert_default().merge(b);
         }
+        if let Some(b) = later.conditions {
+            self.conditions.get_or_insert_default().merge(b);
+        }
     }
 
     /// Fills every unset key from [`Settings::default`].
@@ -588,6 +601,7 @@ impl Fragment {
         let shutdown = self.shutdown.unwrap_or_default();
         let scaler = self.scaler.unwrap_or_default().into_settings(d.scaler);
         let reboot = self.reboot.unwrap_or_default().into_settings(d.reboot);
+        let conditions = self.conditions.unwrap_or_default();
         Settings {
             node: super::NodeSettings {
                 name: node.name.map(|n| n.0).or(d.node.name),
@@ -646,6 +660,9 @@ impl Fragment {
             },
             scaler,
             reboot,
+            conditions: super::ConditionsSettings {
+                lifecycle: conditions.lifecycle.unwrap_or(d.conditions.lifecycle),
+            },
         }
     }
 }

@@ -73,6 +73,17 @@ pub struct Settings {
     pub scaler: ScalerSettings,
     /// Coordinated reboots.
     pub reboot: RebootSettings,
+    /// Which Node conditions nodeward writes besides its own.
+    pub conditions: ConditionsSettings,
+}
+
+/// `[conditions]`: the Node conditions nodeward writes besides its own `nodeward.io/*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConditionsSettings {
+    /// Kubernetes 1.37's lifecycle conditions (`DrainInProgress`, `Drained`,
+    /// `GracefulNodeShutdownInProgress`, `MaintenancePlanned`, `MaintenanceInProgress`;
+    /// [`crate::lifecycle`]). `false` for a cluster where another tool owns them.
+    pub lifecycle: bool,
 }
 
 /// `[agent]`: the node agent's own behaviour.
@@ -244,6 +255,9 @@ impl Default for Settings {
             },
             scaler: ScalerSettings::default(),
             reboot: RebootSettings::default(),
+            // The words the ecosystem reads for a leaving node; nodeward leaves any of them that
+            // another writer set alone, so on is safe beside another tool.
+            conditions: ConditionsSettings { lifecycle: true },
         }
     }
 }

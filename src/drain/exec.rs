@@ -97,6 +97,11 @@ enum Reply {
 
 type Request = futures::future::BoxFuture<'static, (PodRef, Reply)>;
 
+/// How long a drain's start waits for its `DrainInProgress` write: one read and one patch on an
+/// API server that just answered the cordon; longer means it is struggling, and the evictions
+/// matter more than the word.
+const LIFECYCLE_WRITE_WAIT: Duration = Duration::from_secs(2);
+
 /// Drains `node`: cordon, evict wave by wave, wait until every evictable pod is gone or the
 /// deadline passes, then apply the deadline policy. Returns a report; errors only for problems
 /// that make going on pointless (node missing, permission denied, pods never listed).
@@ -245,6 +250,16 @@ impl<'a> Drain<'a> {
             self.opts.timeout, self.opts.reason
         );
         self.event(EventType::Normal, "DrainStarted", note).await;
+        let started = crate::lifecycle::Moment::DrainStarted {
+            cause: &self.opts.reason,
+        };
+        // Awaited (briefly) so that the end's write can never land before it.
+        if tokio::time::timeout(LIFECYCLE_WRITE_WAIT, self.lifecycle(&started))
+            .await
+            .is_err()
+        {
+            debug!(node = self.node, "DrainInProgress was not written in time");
+        }
         let progress = self.opts.progress.clone();
         Some(Narrator::new(
             self.client,
@@ -252,6 +267,18 @@ impl<'a> Drain<'a> {
             self.recorder.clone(),
             progress,
         ))
+    }
+
+    /// Writes the lifecycle conditions of `moment` on the Node (when `[conditions] lifecycle`);
+    /// a failure is logged and changes nothing else, as the Draining condition's.
+    async fn lifecycle(&self, moment: &crate::lifecycle::Moment<'_>) {
+        if !self.opts.lifecycle {
+            return;
+        }
+        let wants = crate::lifecycle::wants(moment);
+        if let Err(e) = crate::lifecycle::write(self.client, self.node, None, &wants, true).await {
+            debug!(node = self.node, error = %e, "cannot write the drain's lifecycle conditions");
+        }
     }
 
     /// Says what the drain waits on at `now`: on the Node (through the narrator, which answers

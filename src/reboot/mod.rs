@@ -26,6 +26,21 @@ pub use crate::config::SLOT_PREFIX;
 /// The Node condition the coordinator writes.
 pub const CONDITION_TYPE: &str = "nodeward.io/Reboot";
 
+/// The `nodeward.io/Reboot` condition a reboot's moment says: `True` while the reboot holds its
+/// slot (draining, rebooting, settling), `False` with why it waits or how it ended otherwise.
+/// (A moment that is not a reboot's has no say here: `False`, `NotRequested`.)
+pub fn condition_of(m: &crate::lifecycle::Moment<'_>) -> crate::lifecycle::Want {
+    use crate::lifecycle::{Moment, Want};
+    let (status, reason, message) = match *m {
+        Moment::RebootWaiting { reason, message } | Moment::RebootOver { reason, message } => {
+            (false, reason, message)
+        }
+        Moment::RebootUnderway { reason, message } => (true, reason, message),
+        _ => (false, "NotRequested", "the reboot request was withdrawn"),
+    };
+    Want::new(CONDITION_TYPE, status, reason, message)
+}
+
 /// The reason the reboot's cordon records: the reboot lifts only a cordon that gives it.
 pub const CORDON_REASON: &str = "reboot";
 
@@ -54,4 +69,38 @@ pub fn boot_id() -> Option<String> {
         .filter_map(|p| std::fs::read_to_string(p).ok())
         .map(|s| s.trim().to_string())
         .find(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::Moment;
+
+    /// The reboot's condition used to get `lastTransitionTime = now` on every write, so a node
+    /// waiting for an hour through several reasons looked as if it had just started waiting.
+    #[test]
+    fn the_reboot_condition_keeps_its_transition_time_while_it_waits() {
+        let since = "2026-12-05T08:00:00Z";
+        let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "resourceVersion": "3"},
+            "status": {"conditions": [{"type": CONDITION_TYPE, "status": "False",
+                "reason": "WaitingForWindow", "message": "m", "lastTransitionTime": since}]},
+        }))
+        .expect("node");
+        let now: jiff::Timestamp = "2026-12-05T09:00:00Z".parse().expect("time");
+        let transition = |m: Moment<'_>| {
+            let (p, _) = crate::lifecycle::patch(&node, &[condition_of(&m)], now);
+            p.expect("a write")["status"]["conditions"][0]["lastTransitionTime"].clone()
+        };
+        let waiting = Moment::RebootWaiting {
+            reason: "WaitingForSlot",
+            message: "every slot is held",
+        };
+        assert_eq!(transition(waiting), since);
+        let underway = Moment::RebootUnderway {
+            reason: "Draining",
+            message: "draining",
+        };
+        assert_eq!(transition(underway), now.to_string());
+    }
 }

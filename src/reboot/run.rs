@@ -22,7 +22,11 @@ use crate::config::{DrainSettings, RebootSettings};
 use crate::drain::exec::{DrainOptions, DrainReport};
 use crate::drain::step::DrainOutcome;
 use crate::lease::Step;
+use crate::lifecycle::Moment;
 use crate::reboot::metrics::RebootMetrics;
+
+/// Writing what the coordinator says: the Node's record and conditions, Events, the status file.
+mod say;
 
 /// How long one request may take.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
@@ -55,6 +59,8 @@ pub struct Coordinator {
     took_at: Option<Timestamp>,
     /// When this process last renewed the slot of a returning node.
     renewed_at: Option<std::time::Instant>,
+    /// `[conditions] lifecycle`: say the reboot in `MaintenancePlanned`/`MaintenanceInProgress`.
+    lifecycle: bool,
 }
 
 /// The agent's parts the coordinator uses.
@@ -79,6 +85,7 @@ impl Coordinator {
         Self {
             s: settings.reboot.clone(),
             drain: settings.drain.clone(),
+            lifecycle: settings.conditions.lifecycle,
             node,
             kubeconfig: parts.kubeconfig,
             client: parts.client,
@@ -151,8 +158,7 @@ impl Coordinator {
             Next::Idle => {
                 if self.status.phase() == Some("waiting") {
                     // The request was withdrawn while it waited: the condition says so.
-                    let msg = "the reboot request was withdrawn";
-                    self.condition(&client, false, "NotRequested", msg).await;
+                    self.condition(&client, Moment::RebootWithdrawn).await;
                 }
                 self.show("idle", None, "no reboot asked for", None);
                 self.s.period
@@ -464,8 +470,12 @@ impl Coordinator {
         self.show("waiting", Some(w.reason()), &w.message(), None);
         if changed {
             info!(reason = w.reason(), "reboot waits: {}", w.message());
-            self.condition(client, false, w.reason(), &w.message())
-                .await;
+            let message = w.message();
+            let waiting = Moment::RebootWaiting {
+                reason: w.reason(),
+                message: &message,
+            };
+            self.condition(client, waiting).await;
             self.event(client, false, w.reason(), w.message()).await;
         }
         self.s.period
@@ -491,6 +501,7 @@ impl Coordinator {
         // A drain that cannot finish does not reboot: nothing is deleted past a budget.
         opts.on_deadline = crate::config::OnDeadline::Abandon;
         opts.metrics = Some(self.drain_metrics.clone());
+        opts.lifecycle = self.lifecycle;
         opts
     }
 
@@ -540,7 +551,11 @@ impl Coordinator {
             Some(&r.slot),
         );
         let msg = format!("draining before the reboot (slot {})", r.slot);
-        self.condition(client, true, "Draining", &msg).await;
+        let underway = Moment::RebootUnderway {
+            reason: "Draining",
+            message: &msg,
+        };
+        self.condition(client, underway).await;
         let opts = self.drain_options();
         let drained = self
             .renewing(
@@ -582,8 +597,11 @@ impl Coordinator {
             "drained; rebooting",
             Some(&r.slot),
         );
-        self.condition(client, true, "Rebooting", "drained; rebooting")
-            .await;
+        let underway = Moment::RebootUnderway {
+            reason: "Rebooting",
+            message: "drained; rebooting",
+        };
+        self.condition(client, underway).await;
         let note = format!("drained; rebooting (slot {})", r.slot);
         info!(slot = %r.slot, "drained; rebooting");
         self.event(client, false, "Rebooting", note).await;
@@ -762,7 +780,11 @@ impl Coordinator {
         let changed = self.status.phase() != Some("settling");
         self.show("settling", Some("Settling"), msg, Some(&r.slot));
         if changed {
-            self.condition(client, true, "Settling", msg).await;
+            let underway = Moment::RebootUnderway {
+                reason: "Settling",
+                message: msg,
+            };
+            self.condition(client, underway).await;
             self.event(client, false, "RebootSettling", msg.to_string())
                 .await;
         }
@@ -832,7 +854,11 @@ impl Coordinator {
             _ => ("RebootFailed", true),
         };
         info!(slot = %r.slot, result, "{msg}");
-        self.condition(client, false, reason, msg).await;
+        let over = Moment::RebootOver {
+            reason,
+            message: msg,
+        };
+        self.condition(client, over).await;
         self.event(client, warning, reason, msg.to_string()).await;
         self.show("idle", Some(reason), msg, None);
     }
@@ -855,53 +881,5 @@ fn returning(n: &Node, gates_pass: bool) -> Return {
         gates_pass,
         startup_taint: crate::readiness::has_startup_taint(n),
         cordon,
-    }
-}
-
-/// Writing what the coordinator says.
-impl Coordinator {
-    async fn write_record(&self, client: &kube::Client, r: Option<&Record>) -> kube::Result<()> {
-        let value = r.map(serde_json::to_string).transpose().unwrap_or_default();
-        let patch = serde_json::json!({"metadata": {"annotations": {decide::RECORD: value}}});
-        Api::<Node>::all(client.clone())
-            .patch(
-                &self.node,
-                &crate::node_write::patch_params(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map(drop)
-    }
-
-    /// The `nodeward.io/Reboot` condition: True while the reboot is under way.
-    async fn condition(&self, client: &kube::Client, status: bool, reason: &str, message: &str) {
-        let c = crate::node_write::ConditionPatch {
-            type_: super::CONDITION_TYPE,
-            status,
-            reason,
-            message,
-            last_transition: &Timestamp::now().to_string(),
-        };
-        if let Err(e) = crate::node_write::write_condition(client, &self.node, &c).await {
-            warn!(error = %e, "cannot write the nodeward.io/Reboot condition");
-        }
-    }
-
-    async fn event(&self, client: &kube::Client, warning: bool, reason: &str, note: String) {
-        crate::events::node_event(client, &self.node, warning, reason, "Reboot", note).await;
-    }
-
-    /// The status file and the phase metric.
-    fn show(&mut self, phase: &str, reason: Option<&str>, message: &str, slot: Option<&str>) {
-        self.metrics.set_phase(phase);
-        self.status.publish(RebootStatus {
-            phase: phase.into(),
-            reason: reason.map(str::to_string),
-            message: message.into(),
-            slot: slot.map(str::to_string),
-            requested_since: self.requested_since.map(|t| t.to_string()),
-            window: self.s.window.describe(),
-            concurrency: self.s.concurrency,
-        });
     }
 }

@@ -229,7 +229,8 @@ impl<P: Provider + 'static> Scaler<P> {
         };
         let templates = load_templates(&provider, &mut s, &values_path, &values_text).await?;
         // The machine is deleted after the drain: its pods' scratch data goes with it.
-        let drain = DrainOptions::for_leaving_node(&settings.drain, SCALE_DOWN_REASON, false);
+        let mut drain = DrainOptions::for_leaving_node(&settings.drain, SCALE_DOWN_REASON, false);
+        drain.lifecycle = settings.conditions.lifecycle;
         let elector = Elector::new(
             client.clone(),
             &s.namespace,

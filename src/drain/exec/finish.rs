@@ -59,6 +59,16 @@ impl DrainReport {
     }
 }
 
+impl DrainReport {
+    /// Nothing that leaves with the node is left on it: no pod left behind or refused, and the
+    /// drain was not stopped (`Drained=True`).
+    pub fn emptied(&self) -> bool {
+        self.outcome != DrainOutcome::Cancelled
+            && self.left_behind.is_empty()
+            && self.refused.is_empty()
+    }
+}
+
 impl std::fmt::Display for DrainReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
@@ -267,7 +277,12 @@ impl Drain<'_> {
                 n.finish(report.outcome, &note).await;
             }
         };
-        tokio::join!(event, condition);
+        let ended = crate::lifecycle::Moment::DrainEnded {
+            emptied: report.emptied(),
+            reason: crate::drain::explain::outcome_reason(report.outcome),
+            message: &note,
+        };
+        tokio::join!(event, condition, self.lifecycle(&ended));
     }
 }
 

@@ -146,6 +146,9 @@ pub struct DrainOptions {
     /// not wait on it. Set by the agent's shutdown drain when the intent exists as it starts;
     /// `false` for every other drain.
     pub cluster_shutdown: bool,
+    /// Say the drain in Kubernetes' lifecycle conditions too (`DrainInProgress`, `Drained`;
+    /// `[conditions] lifecycle`, [`crate::lifecycle`]).
+    pub lifecycle: bool,
 }
 
 /// When an evicted pod counts as gone from its node.
@@ -205,6 +208,8 @@ impl DrainOptions {
             ending: ENDING,
             stop: None,
             cluster_shutdown: false,
+            // The config's default; callers set `[conditions] lifecycle`.
+            lifecycle: true,
         }
     }
 }
