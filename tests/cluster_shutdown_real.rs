@@ -273,6 +273,16 @@ fn nodeward(kubeconfig: &std::path::Path, args: &[&str]) -> std::process::Output
 }
 
 /// The node `name`'s cordon: (unschedulable, the field managers owning it, nodeward's record).
+/// The node's `MaintenanceInProgress` condition: status and reason, if it has one.
+async fn maintenance_of(admin: &kube::Client, name: &str) -> Option<(String, String)> {
+    let n = Api::<Node>::all(admin.clone())
+        .get(name)
+        .await
+        .expect("node");
+    nodeward::node_write::condition(&n, nodeward::lifecycle::MAINTENANCE_IN_PROGRESS)
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
 async fn cordon_of(admin: &kube::Client, name: &str) -> (bool, Vec<String>, bool) {
     let n = Api::<Node>::all(admin.clone())
         .get(name)
@@ -542,7 +552,14 @@ async fn cluster_shutdown_stops_in_order_and_start_brings_every_workload_back() 
     let start_took = t1.elapsed();
     for n in &s.nodes {
         assert!(!cordon_of(&admin, n).await.0, "{n} uncordoned");
+        // Kubernetes' word for it, cleared by the operator's identity (nodes/status).
+        assert_eq!(
+            maintenance_of(&admin, n).await,
+            Some(("False".into(), "ClusterStarted".into())),
+            "{n}"
+        );
     }
+    assert_eq!(maintenance_of(&admin, &s.operators_node).await, None);
     let op = cordon_of(&admin, &s.operators_node).await;
     assert_eq!(
         op,
@@ -592,6 +609,11 @@ async fn check_intent_and_cordons(cluster: &Cluster, s: &Setup) {
         assert!(
             cordoned && record && owners == ["nodeward"],
             "{n}: {owners:?}"
+        );
+        assert_eq!(
+            maintenance_of(admin, n).await,
+            Some(("True".into(), "ClusterShutdown".into())),
+            "{n}: MaintenanceInProgress on every node the shutdown cordoned"
         );
     }
     assert!(!intent.cordoned.contains(&s.operators_node));

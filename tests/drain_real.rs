@@ -444,28 +444,26 @@ async fn scrape(port: u16) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
-/// The agent as the node's identity, holding its logind delay lock (the real systemd-logind on a
-/// private bus): PowerOff → it drains through the real Eviction API and budget → the lock goes
-/// before logind's cap, and the real ReplicaSet controller's replacements run elsewhere.
-async fn agent_drains_at_poweroff(cluster: Cluster) {
+/// The real systemd-logind on a private bus (`cap`: its InhibitDelayMaxSec) and the agent of
+/// `node` as the node's identity with `extra_toml`, holding its delay lock, its gates passing.
+async fn agent_with_real_logind(
+    cluster: &Cluster,
+    node: &str,
+    cap: Duration,
+    extra_toml: &str,
+) -> (logind_harness::LogindHarness, common::Proc) {
     use logind_harness::{LogindHarness, Mode, Options};
-    const CAP: Duration = Duration::from_secs(20);
-    let (admin, ns, target, spare) = setup(&cluster, 6).await;
     let h = LogindHarness::start(Options {
         mode: Mode::Real,
-        inhibit_delay_max: CAP,
+        inhibit_delay_max: cap,
         ..Options::default()
     })
     .await
     .unwrap_or_else(|e| panic!("cannot start the logind harness: {e}"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
     let agent = common::spawn_agent_with_logind(
-        &target,
-        &cluster.node_kubeconfig(&target),
-        &format!("metrics_address = \"127.0.0.1:{port}\"\n[drain]\ntimeout = \"15s\""),
+        node,
+        &cluster.node_kubeconfig(node),
+        extra_toml,
         Some((h.bus_address(), h.dropin_dir())),
     );
     h.wait_for_inhibitors(LIMIT, |l| {
@@ -474,6 +472,26 @@ async fn agent_drains_at_poweroff(cluster: Cluster) {
     .await
     .expect("the agent takes its delay lock");
     common::write_flannel(&agent);
+    (h, agent)
+}
+
+/// The agent as the node's identity, holding its logind delay lock (the real systemd-logind on a
+/// private bus): PowerOff → it drains through the real Eviction API and budget → the lock goes
+/// before logind's cap, and the real ReplicaSet controller's replacements run elsewhere.
+async fn agent_drains_at_poweroff(cluster: Cluster) {
+    const CAP: Duration = Duration::from_secs(20);
+    let (admin, ns, target, spare) = setup(&cluster, 6).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let (h, agent) = agent_with_real_logind(
+        &cluster,
+        &target,
+        CAP,
+        &format!("metrics_address = \"127.0.0.1:{port}\"\n[drain]\ntimeout = \"15s\""),
+    )
+    .await;
     let t0 = std::time::Instant::now();
     h.power_off().await.expect("PowerOff");
     h.wait_for_unit_started("poweroff.target", CAP + Duration::from_secs(5))
@@ -744,6 +762,21 @@ async fn a_dedicated_identity_writes_only_its_own_node(cluster: Cluster) {
 /// Makes the setup's budget require `min_available` (every pod, as a count or `100%`), and
 /// waits until the disruption controller says it allows no disruption.
 async fn close_budget(admin: &kube::Client, ns: &str, min_available: serde_json::Value) {
+    set_budget(admin, ns, min_available, "the budget never closed", |s| {
+        s.disruptions_allowed == 0 && s.observed_generation == Some(2)
+    })
+    .await;
+}
+
+/// Sets the setup's budget's `minAvailable` (no `maxUnavailable`) and waits until the
+/// disruption controller's status is `settled`.
+async fn set_budget(
+    admin: &kube::Client,
+    ns: &str,
+    min_available: serde_json::Value,
+    never: &str,
+    settled: impl Fn(&k8s_openapi::api::policy::v1::PodDisruptionBudgetStatus) -> bool,
+) {
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), ns);
     pdbs.patch(
         "web",
@@ -751,19 +784,16 @@ async fn close_budget(admin: &kube::Client, ns: &str, min_available: serde_json:
         &Patch::Merge(json!({"spec": {"maxUnavailable": null, "minAvailable": min_available}})),
     )
     .await
-    .expect("the budget allows no disruption");
+    .expect("the budget's minAvailable");
     let deadline = std::time::Instant::now() + LIMIT;
-    while pdbs
+    while !pdbs
         .get("web")
         .await
         .expect("pdb")
         .status
-        .is_none_or(|s| s.disruptions_allowed != 0 || s.observed_generation != Some(2))
+        .is_some_and(|s| settled(&s))
     {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the budget never closed"
-        );
+        assert!(std::time::Instant::now() < deadline, "{never}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -1130,7 +1160,6 @@ async fn a_slow_budget_is_still_waited_for(cluster: Cluster) {
 /// the pods up ("the cluster is shutting down").
 async fn a_stale_cluster_shutdown_is_not_obeyed_at_poweroff(cluster: Cluster) {
     use k8s_openapi::api::core::v1::ConfigMap;
-    use logind_harness::{LogindHarness, Mode, Options};
     use nodeward::cluster::intent::{Intent, Phase};
     const CAP: Duration = Duration::from_secs(30);
     let (admin, ns, target, spare) = setup(&cluster, 2).await;
@@ -1158,25 +1187,8 @@ async fn a_stale_cluster_shutdown_is_not_obeyed_at_poweroff(cluster: Cluster) {
         .create(&PostParams::default(), &cm)
         .await
         .expect("the intent");
-    let h = LogindHarness::start(Options {
-        mode: Mode::Real,
-        inhibit_delay_max: CAP,
-        ..Options::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("cannot start the logind harness: {e}"));
-    let agent = common::spawn_agent_with_logind(
-        &target,
-        &cluster.node_kubeconfig(&target),
-        "[drain]\ntimeout = \"8s\"",
-        Some((h.bus_address(), h.dropin_dir())),
-    );
-    h.wait_for_inhibitors(LIMIT, |l| {
-        l.iter().any(|i| i.who == "nodeward" && i.mode == "delay")
-    })
-    .await
-    .expect("the agent takes its delay lock");
-    common::write_flannel(&agent);
+    let (h, agent) =
+        agent_with_real_logind(&cluster, &target, CAP, "[drain]\ntimeout = \"8s\"").await;
     let t0 = std::time::Instant::now();
     h.power_off().await.expect("PowerOff");
     h.wait_for_unit_started("poweroff.target", CAP + Duration::from_secs(5))
@@ -1664,4 +1676,243 @@ real_only! {
     an_autoscaler_makes_an_unplaceable_replacement_slow => super::an_autoscaler_makes_an_unplaceable_replacement_slow;
     a_budget_short_only_by_an_uncreated_replacement_is_waited_for => super::a_budget_short_only_by_an_uncreated_replacement_is_waited_for;
     surge_before_evict_keeps_a_single_replica_serving => super::surge_keeps_a_single_replica_serving;
+    a_drain_says_itself_in_lifecycle_conditions => super::a_drain_says_itself_in_lifecycle_conditions;
+    a_cancelled_shutdown_says_so_in_lifecycle_conditions => super::a_cancelled_shutdown_says_so_in_lifecycle_conditions;
+    the_lifecycle_writes_do_not_depend_on_the_gate => super::the_lifecycle_writes_do_not_depend_on_the_gate;
+}
+
+/// The lifecycle conditions a watch saw, one `Type=Status/Reason` list per change.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>;
+
+/// The Node's lifecycle conditions at each change, as a dashboard watching it sees them
+/// (issue 56).
+fn watch_lifecycle(admin: &kube::Client, node: &str) -> (Seen, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Vec<String>>::new()));
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let into = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(nodes, config).applied_objects().boxed();
+        while let Some(Ok(n)) = stream.next().await {
+            let now: Vec<String> = nodeward::lifecycle::TYPES
+                .iter()
+                .filter_map(|t| {
+                    let c = nodeward::node_write::condition(&n, t)?;
+                    Some(format!(
+                        "{t}={}/{}",
+                        c.status,
+                        c.reason.as_deref().unwrap_or("")
+                    ))
+                })
+                .collect();
+            let mut seen = into.lock().expect("lock");
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// Waits for the agent to clear `Drained` once the node is schedulable again, then checks
+/// that the watch saw the states `want` in that order (printing what it saw).
+async fn saw_until_uncordoned(
+    admin: &kube::Client,
+    node: &str,
+    seen: &Seen,
+    want: &[&[&str]],
+    log: &str,
+) {
+    wait_node_condition(admin, node, "Drained", "the agent clears it", |c| {
+        c.reason.as_deref() == Some("Uncordoned")
+    })
+    .await;
+    let states = seen.lock().expect("lock").clone();
+    for s in &states {
+        eprintln!("  {}", s.join(" "));
+    }
+    assert!(in_order(&states, want), "{states:#?}\n{log}");
+}
+
+/// Whether `want` appear in `seen` in this order, each a state holding all of its words.
+fn in_order(seen: &[Vec<String>], want: &[&[&str]]) -> bool {
+    let mut states = seen.iter();
+    want.iter()
+        .all(|w| states.any(|s| w.iter().all(|word| s.iter().any(|x| x == word))))
+}
+
+/// Issue 56: a drain says itself in Kubernetes' words, seen from outside on a watch of the
+/// Node: `DrainInProgress=True` while each runs; at its end `Drained=False` with the reason of
+/// a drain that ended short (a budget that can never open) or `Drained=True`; both `False`
+/// (`Uncordoned`) once an operator uncordons the node, which the node's agent sees. A condition
+/// another tool set is left alone: the drain says so and writes around it.
+async fn a_drain_says_itself_in_lifecycle_conditions(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    let kc = cluster.node_kubeconfig(&target);
+    let mut agent = common::spawn_agent(&target, &kc, "");
+    let (seen, watching) = watch_lifecycle(&admin, &target);
+    nodeward::drain::cordon(&admin, &spare, "no room", false)
+        .await
+        .expect("cordon spare");
+    close_budget(&admin, &ns, json!("100%")).await;
+    let short = drain(&kc, &target, "30s");
+    assert_eq!(
+        short.status.code(),
+        Some(6),
+        "{}",
+        common::output_text(&short)
+    );
+    set_budget(&admin, &ns, json!(0), "the budget never opened", |s| {
+        s.disruptions_allowed > 0
+    })
+    .await;
+    nodeward::drain::uncordon(&admin, &spare, true, nodeward::drain::Lifter::Operator)
+        .await
+        .expect("uncordon spare");
+    let full = drain(&kc, &target, "30s");
+    assert!(full.status.success(), "{}", common::output_text(&full));
+    // `kubectl uncordon`, as an operator does it: the agent clears what is over.
+    Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+        .patch(
+            &target,
+            &PatchParams {
+                field_manager: Some("kubectl-cordon".into()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(json!({"spec": {"unschedulable": null}})),
+        )
+        .await
+        .expect("uncordon");
+    let want: &[&[&str]] = &[
+        &["DrainInProgress=True/Draining", "Drained=False/Draining"],
+        &[
+            "DrainInProgress=False/DrainEnded",
+            "Drained=False/BudgetUnsatisfiable",
+        ],
+        &["DrainInProgress=True/Draining", "Drained=False/Draining"],
+        &["DrainInProgress=False/DrainEnded", "Drained=True/Drained"],
+        &[
+            "DrainInProgress=False/Uncordoned",
+            "Drained=False/Uncordoned",
+        ],
+    ];
+    saw_until_uncordoned(&admin, &target, &seen, want, &agent.log_text()).await;
+    // Another tool's Drained: left alone, said once; DrainInProgress is still nodeward's.
+    let theirs = json!({"status": {"conditions": [{"type": "Drained", "status": "True",
+        "reason": "OpsSaid", "message": "an operator's tool", "lastHeartbeatTime": null,
+        "lastTransitionTime": jiff::Timestamp::now().to_string()}]}});
+    Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+        .patch_status(
+            &target,
+            &PatchParams {
+                field_manager: Some("ops-tool".into()),
+                ..PatchParams::default()
+            },
+            &Patch::Strategic(&theirs),
+        )
+        .await
+        .expect("another tool's condition");
+    let again = drain(&kc, &target, "30s");
+    assert!(again.status.success(), "{}", common::output_text(&again));
+    assert!(
+        common::output_text(&again).contains("another writer owns this lifecycle condition"),
+        "{}",
+        common::output_text(&again)
+    );
+    let n = Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+        .get(&target)
+        .await
+        .expect("node");
+    let drained = nodeward::node_write::condition(&n, "Drained").expect("Drained");
+    assert_eq!(drained.reason.as_deref(), Some("OpsSaid"), "{drained:?}");
+    let progress = nodeward::node_write::condition(&n, "DrainInProgress").expect("DIP");
+    assert_eq!(
+        progress.reason.as_deref(),
+        Some("DrainEnded"),
+        "{progress:?}"
+    );
+    watching.abort();
+    agent.stop();
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
+/// Issue 56 on the real logind: `PrepareForShutdown(true)` says
+/// `GracefulNodeShutdownInProgress=True` (its kind) before the drain's `DrainInProgress`; the
+/// drain ends `Drained=True`; the lock goes, and the shutdown is cancelled (`systemctl cancel`:
+/// logind 252 cancels only once no delay lock holds it): `ShutdownCancelled`, and once the
+/// agent has lifted its shutdown cordon, `Drained=False` (`Uncordoned`).
+async fn a_cancelled_shutdown_says_so_in_lifecycle_conditions(cluster: Cluster) {
+    let (admin, ns, target, spare) = setup(&cluster, 2).await;
+    let (h, agent) = agent_with_real_logind(
+        &cluster,
+        &target,
+        Duration::from_secs(60),
+        "[drain]\ntimeout = \"40s\"",
+    )
+    .await;
+    let ours = |l: &[logind_harness::Inhibitor]| {
+        l.iter().any(|i| i.who == "nodeward" && i.mode == "delay")
+    };
+    let (seen, watching) = watch_lifecycle(&admin, &target);
+    h.power_off().await.expect("PowerOff");
+    h.wait_for_inhibitors(LIMIT, |l| !ours(l))
+        .await
+        .expect("the agent drains and lets go of its lock");
+    h.cancel_shutdown().await.expect("cancel");
+    let want: &[&[&str]] = &[
+        &["GracefulNodeShutdownInProgress=True/PowerOff"],
+        &[
+            "GracefulNodeShutdownInProgress=True/PowerOff",
+            "DrainInProgress=True/Draining",
+        ],
+        &[
+            "GracefulNodeShutdownInProgress=True/PowerOff",
+            "Drained=True/Drained",
+        ],
+        &["GracefulNodeShutdownInProgress=False/ShutdownCancelled"],
+        &[
+            "GracefulNodeShutdownInProgress=False/ShutdownCancelled",
+            "Drained=False/Uncordoned",
+        ],
+    ];
+    saw_until_uncordoned(&admin, &target, &seen, want, &agent.log_text()).await;
+    watching.abort();
+    teardown(&cluster, &admin, &ns, &[&target, &spare]).await;
+}
+
+/// Issue 56: Kubernetes 1.37 reserves the lifecycle condition types behind the alpha gate
+/// `NodeLifecycleConditions`, and nothing in it reads the gate: the writes are the same with the
+/// gate on (the suites' control plane) and off (scripts/test runs this on the peers' control
+/// plane too). The API server's own `kubernetes_feature_enabled` says which this run is.
+async fn the_lifecycle_writes_do_not_depend_on_the_gate(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    let metrics = admin
+        .request_text(
+            http::Request::get("/metrics")
+                .body(Vec::new())
+                .expect("request"),
+        )
+        .await
+        .expect("kube-apiserver /metrics");
+    let gate = metrics
+        .lines()
+        .find(|l| l.starts_with("kubernetes_feature_enabled{name=\"NodeLifecycleConditions\""))
+        .unwrap_or_else(|| panic!("kube-apiserver does not know the gate:\n{metrics:.2000}"))
+        .to_string();
+    let node = unique("gate");
+    cluster.add_node(&node, &[], json!([])).await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodeward"))
+        .args(["drain", &node, "--timeout", "20s", "--kubeconfig"])
+        .arg(cluster.admin_kubeconfig())
+        .output()
+        .expect("nodeward drain");
+    assert!(out.status.success(), "{}", common::output_text(&out));
+    let c = wait_node_condition(&admin, &node, "Drained", "the empty drain's end", |c| {
+        c.status == "True"
+    })
+    .await;
+    eprintln!("{gate}: Drained={} ({:?}) written", c.status, c.reason);
+    cluster.remove_node(&node).await;
 }

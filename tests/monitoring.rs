@@ -66,13 +66,19 @@ fn exported() -> BTreeSet<String> {
     all
 }
 
+/// Metrics of other exporters the dashboard may name, each with the exporter that has it:
+/// kube-state-metrics exports every Node condition (a powered-off node's too, which its own
+/// agent cannot), the source of "nodes by lifecycle condition".
+const THIRD_PARTY: &[(&str, &str)] = &[("kube_node_status_condition", "kube-state-metrics")];
+
 fn is_exported(name: &str, exported: &BTreeSet<String>) -> bool {
-    exported.iter().any(|f| {
-        name == f
-            || ["_total", "_bucket", "_count", "_sum"]
-                .iter()
-                .any(|s| name == format!("{f}{s}"))
-    })
+    THIRD_PARTY.iter().any(|(m, _)| *m == name)
+        || exported.iter().any(|f| {
+            name == f
+                || ["_total", "_bucket", "_count", "_sum"]
+                    .iter()
+                    .any(|s| name == format!("{f}{s}"))
+        })
 }
 
 #[test]

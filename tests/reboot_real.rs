@@ -420,7 +420,25 @@ async fn a_fleet_reboots_two_at_a_time_within_its_budget(cluster: Cluster) {
             assert_eq!(m.reboots, 1, "{} rebooted {} times", m.name, m.reboots);
         }
     }
+    maintenance_over(&admin, &fleet).await;
     teardown(&cluster, &admin, &ns, &mut fleet).await;
+}
+
+/// Each node says its maintenance is over in Kubernetes' words (issue 56): the reboot's
+/// `MaintenancePlanned` and `MaintenanceInProgress` both `False`, `RebootDone`.
+async fn maintenance_over(admin: &kube::Client, fleet: &[Machine]) {
+    use nodeward::lifecycle::{MAINTENANCE_IN_PROGRESS, MAINTENANCE_PLANNED};
+    let nodes: Api<Node> = Api::all(admin.clone());
+    for m in fleet {
+        let n = nodes.get(&m.name).await.expect("node");
+        let said = |t: &str| {
+            nodeward::node_write::condition(&n, t)
+                .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+        };
+        let done = Some(("False".to_string(), "RebootDone".to_string()));
+        assert_eq!(said(MAINTENANCE_PLANNED), done, "{}", m.name);
+        assert_eq!(said(MAINTENANCE_IN_PROGRESS), done, "{}", m.name);
+    }
 }
 
 /// Every node schedulable, without a reboot record, and every slot free.
