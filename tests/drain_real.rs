@@ -1729,7 +1729,15 @@ async fn saw_until_uncordoned(
         c.reason.as_deref() == Some("Uncordoned")
     })
     .await;
-    let states = seen.lock().expect("lock").clone();
+    // The watch may deliver the last change a moment after the read above saw it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let states = loop {
+        let states = seen.lock().expect("lock").clone();
+        if in_order(&states, want) || std::time::Instant::now() > deadline {
+            break states;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     for s in &states {
         eprintln!("  {}", s.join(" "));
     }
