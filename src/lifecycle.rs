@@ -19,12 +19,11 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch};
 use serde_json::json;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::names::FIELD_MANAGER;
-use crate::node_write::{self, ATTEMPTS, patch_params, status_word};
+use crate::node_write::{self, NodeError, NodeWrite, status_word};
 
 /// `True` from logind's `PrepareForShutdown(true)`; `False` when the shutdown is cancelled, or
 /// once the node is up again (the agent's first look at its Node after the boot).
@@ -211,13 +210,26 @@ pub fn wants(m: &Moment<'_>) -> Vec<Want> {
     }
 }
 
+/// What `nodeward cluster start` clears on a node: the `MaintenanceInProgress` a cluster
+/// shutdown said (whatever `[conditions] lifecycle` said then), and nothing else: another
+/// moment's or another writer's maintenance stays.
+pub fn cluster_started(node: &Node) -> Vec<Want> {
+    let said = node_write::condition(node, MAINTENANCE_IN_PROGRESS).is_some_and(|c| {
+        c.status == "True" && c.reason.as_deref() == Some(REASON_CLUSTER_SHUTDOWN)
+    });
+    if said {
+        wants(&Moment::ClusterStarted)
+    } else {
+        Vec::new()
+    }
+}
+
 /// What the node's agent knows besides its Node, for [`settle`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Agent {
-    /// A shutdown of this boot is under way (logind announced it and did not cancel it).
+    /// A shutdown of this boot is under way (logind announced it and did not cancel it): its
+    /// drain may be running, so the drain's conditions are not cleared either.
     pub shutting_down: bool,
-    /// This agent runs a drain now.
-    pub draining: bool,
     /// When this boot began (wall clock).
     pub booted_at: jiff::Timestamp,
 }
@@ -250,7 +262,7 @@ pub fn settle(node: &Node, agent: Agent) -> Vec<Want> {
         .as_ref()
         .and_then(|s| s.unschedulable)
         .unwrap_or(false);
-    if schedulable && !agent.draining && (is_true(DRAIN_IN_PROGRESS) || is_true(DRAINED)) {
+    if schedulable && !agent.shutting_down && (is_true(DRAIN_IN_PROGRESS) || is_true(DRAINED)) {
         let msg = "the node is schedulable again";
         for t in [DRAIN_IN_PROGRESS, DRAINED] {
             if node_write::condition(node, t).is_some() {
@@ -363,16 +375,17 @@ pub async fn write(
     current: Option<Node>,
     wants: &[Want],
     lifecycle: bool,
-) -> Result<Option<Node>, kube::Error> {
+) -> Result<Option<Node>, NodeError> {
     write_deciding(client, node, current, |_| wants.to_vec(), lifecycle).await
 }
 
 /// Writes the conditions `decide` wants of the Node as read (starting from `current`, a copy
 /// the caller holds, else reading it): one strategic merge patch of `nodes/status` under
-/// nodeward's field manager, guarded by the read resourceVersion; on a conflict the Node is read
-/// and decided again, so a condition another writer set since the read is seen before it could
-/// be overwritten. With `lifecycle` false the five lifecycle conditions are dropped. Returns the
-/// Node as written (`None`: nothing to write).
+/// nodeward's field manager, guarded by the read resourceVersion
+/// ([`node_write::write_status_guarded`]); on a conflict the Node is read and decided again, so
+/// a condition another writer set since the read is seen before it could be overwritten. With
+/// `lifecycle` false the five lifecycle conditions are dropped. Returns the Node as written
+/// (`None`: nothing to write).
 #[tracing::instrument(skip(client, current, decide), err)]
 pub async fn write_deciding(
     client: &kube::Client,
@@ -380,36 +393,21 @@ pub async fn write_deciding(
     current: Option<Node>,
     decide: impl Fn(&Node) -> Vec<Want>,
     lifecycle: bool,
-) -> Result<Option<Node>, kube::Error> {
-    let api: Api<Node> = Api::all(client.clone());
-    let mut current = current;
-    let mut last = None;
-    for _ in 0..ATTEMPTS {
-        let n = match current.take() {
-            Some(n) => n,
-            None => api.get(node).await?,
-        };
-        let mut wants = decide(&n);
-        wants.retain(|w| lifecycle || !w.is_lifecycle());
-        if wants.is_empty() {
-            return Ok(None);
-        }
-        let (p, skipped) = patch(&n, &wants, jiff::Timestamp::now());
-        say_foreign(node, &skipped);
-        let Some(p) = p else { return Ok(None) };
-        match api
-            .patch_status(node, &patch_params(), &Patch::Strategic(&p))
-            .await
-        {
-            Ok(written) => return Ok(Some(written)),
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                debug!(node, "conflict writing conditions; re-reading the node");
-                last = Some(kube::Error::Api(s));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| kube::Error::Service("conditions: every attempt conflicted".into())))
+) -> Result<Option<Node>, NodeError> {
+    let (n, written) =
+        node_write::write_status_guarded(client, node, "write the conditions of", current, |n| {
+            let mut wants = decide(n);
+            wants.retain(|w| lifecycle || !w.is_lifecycle());
+            let (p, skipped) = patch(n, &wants, jiff::Timestamp::now());
+            say_foreign(node, &skipped);
+            Ok::<_, std::convert::Infallible>(match p {
+                Some(p) => NodeWrite::Patch(p, true),
+                None => NodeWrite::Done(false),
+            })
+        })
+        .await
+        .map_err(|e| e.for_node(node))?;
+    Ok(written.then_some(n))
 }
 
 #[cfg(test)]

@@ -122,6 +122,39 @@ pub async fn write_guarded<T, E>(
     current: Option<Node>,
     decide: impl Fn(&Node) -> Result<NodeWrite<T>, E>,
 ) -> Result<(Node, T), WriteError<E>> {
+    guarded(client, node, action, current, Target::Node, decide).await
+}
+
+/// [`write_guarded`] for the Node's `status` subresource: `decide`'s patch is a strategic merge
+/// (conditions merge by `type`; a JSON merge patch would replace the whole list).
+pub async fn write_status_guarded<T, E>(
+    client: &kube::Client,
+    node: &str,
+    action: &'static str,
+    current: Option<Node>,
+    decide: impl Fn(&Node) -> Result<NodeWrite<T>, E>,
+) -> Result<(Node, T), WriteError<E>> {
+    guarded(client, node, action, current, Target::Status, decide).await
+}
+
+/// Which part of the Node a guarded write patches.
+#[derive(Clone, Copy)]
+enum Target {
+    /// The Node itself, by JSON merge patch.
+    Node,
+    /// `nodes/status`, by strategic merge patch.
+    Status,
+}
+
+/// The loop of [`write_guarded`] and [`write_status_guarded`].
+async fn guarded<T, E>(
+    client: &kube::Client,
+    node: &str,
+    action: &'static str,
+    current: Option<Node>,
+    target: Target,
+    decide: impl Fn(&Node) -> Result<NodeWrite<T>, E>,
+) -> Result<(Node, T), WriteError<E>> {
     let api: Api<Node> = Api::all(client.clone());
     let mut current = current;
     for _ in 0..ATTEMPTS {
@@ -137,10 +170,17 @@ pub async fn write_guarded<T, E>(
             NodeWrite::Patch(patch, answer) => (patch, answer),
         };
         patch["metadata"]["resourceVersion"] = json!(n.metadata.resource_version);
-        match api
-            .patch(node, &patch_params(), &Patch::Merge(&patch))
-            .await
-        {
+        let written = match target {
+            Target::Node => {
+                api.patch(node, &patch_params(), &Patch::Merge(&patch))
+                    .await
+            }
+            Target::Status => {
+                api.patch_status(node, &patch_params(), &Patch::Strategic(&patch))
+                    .await
+            }
+        };
+        match written {
             Ok(written) => return Ok((written, answer)),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 debug!(node, action, "conflict; re-reading the node");

@@ -575,10 +575,8 @@ impl Agent {
         ) else {
             return Ok(());
         };
-        let shutting_down = self.known.shutdown_started.is_some();
         let agent = crate::lifecycle::Agent {
-            shutting_down,
-            draining: shutting_down,
+            shutting_down: self.known.shutdown_started.is_some(),
             booted_at,
         };
         if !self.settings.conditions.lifecycle || crate::lifecycle::settle(&n, agent).is_empty() {

@@ -340,18 +340,19 @@ async fn say_on_nodes(
     concurrency: usize,
     say: &mut dyn FnMut(&str),
 ) {
-    let failed: Vec<(String, kube::Error)> = futures::stream::iter(nodes.iter().cloned())
-        .map(|n| {
-            let decide = decide.clone();
-            async move {
-                let written = crate::lifecycle::write_deciding(client, &n, None, decide, true);
-                written.await.err().map(|e| (n, e))
-            }
-        })
-        .buffer_unordered(concurrency.max(1))
-        .filter_map(std::future::ready)
-        .collect()
-        .await;
+    let failed: Vec<(String, crate::node_write::NodeError)> =
+        futures::stream::iter(nodes.iter().cloned())
+            .map(|n| {
+                let decide = decide.clone();
+                async move {
+                    let written = crate::lifecycle::write_deciding(client, &n, None, decide, true);
+                    written.await.err().map(|e| (n, e))
+                }
+            })
+            .buffer_unordered(concurrency.max(1))
+            .filter_map(std::future::ready)
+            .collect()
+            .await;
     for (n, e) in failed {
         say(&format!(
             "node {n}: its MaintenanceInProgress condition not written ({e}; needs patch on nodes/status)"
@@ -612,17 +613,9 @@ pub async fn start(client: &kube::Client, concurrency: usize) -> Result<StartRep
         .await;
     // What the shutdown said on its nodes (whatever `[conditions] lifecycle` said then: only a
     // MaintenanceInProgress the shutdown wrote is cleared).
-    let over = crate::lifecycle::wants(&crate::lifecycle::Moment::ClusterStarted);
-    let ours = |n: &Node| {
-        let said = crate::node_write::condition(n, crate::lifecycle::MAINTENANCE_IN_PROGRESS)
-            .is_some_and(|c| {
-                c.status == "True"
-                    && c.reason.as_deref() == Some(crate::lifecycle::REASON_CLUSTER_SHUTDOWN)
-            });
-        if said { over.clone() } else { Vec::new() }
-    };
     let mut quiet = |line: &str| warn!("{line}");
-    say_on_nodes(client, &recorded, ours, concurrency, &mut quiet).await;
+    let over = crate::lifecycle::cluster_started;
+    say_on_nodes(client, &recorded, over, concurrency, &mut quiet).await;
     let mut report = StartReport {
         not_ours: todo.not_ours,
         kept: todo.kept,

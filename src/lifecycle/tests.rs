@@ -122,7 +122,6 @@ fn the_agent_clears_what_is_over_and_nothing_running() {
     let booted_at: jiff::Timestamp = "2026-12-02T00:00:00Z".parse().expect("time");
     let idle = Agent {
         shutting_down: false,
-        draining: false,
         booted_at,
     };
     // Back from a reboot, uncordoned: the shutdown and the drain are over.
@@ -142,7 +141,6 @@ fn the_agent_clears_what_is_over_and_nothing_running() {
     // Shutting down and draining: nothing is over.
     let busy = Agent {
         shutting_down: true,
-        draining: true,
         booted_at,
     };
     assert!(settle(&node(drained.clone(), false, json!([])), busy).is_empty());
@@ -151,7 +149,6 @@ fn the_agent_clears_what_is_over_and_nothing_running() {
     let earlier: jiff::Timestamp = "2026-11-30T00:00:00Z".parse().expect("time");
     let this_boot = Agent {
         shutting_down: false,
-        draining: false,
         booted_at: earlier,
     };
     assert!(
@@ -266,4 +263,22 @@ fn the_transition_time_moves_only_when_the_status_flips() {
     // The write is guarded by the resourceVersion it was decided from.
     let (p, _) = patch(&n, &[Want::new(DRAINED, true, "Drained", "m")], now);
     assert_eq!(p.expect("a write")["metadata"]["resourceVersion"], "7");
+}
+
+/// `cluster start` clears only the maintenance a cluster shutdown said.
+#[test]
+fn cluster_start_clears_only_the_shutdowns_maintenance() {
+    let shutdown = json!([cond(
+        MAINTENANCE_IN_PROGRESS,
+        "True",
+        REASON_CLUSTER_SHUTDOWN,
+        "m"
+    )]);
+    assert_eq!(
+        said(&cluster_started(&node(shutdown, true, json!([])))),
+        vec![(MAINTENANCE_IN_PROGRESS, false, "ClusterStarted")]
+    );
+    let reboot = json!([cond(MAINTENANCE_IN_PROGRESS, "True", "Rebooting", "m")]);
+    assert!(cluster_started(&node(reboot, true, json!([]))).is_empty());
+    assert!(cluster_started(&node(json!([]), false, json!([]))).is_empty());
 }
