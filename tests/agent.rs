@@ -1260,6 +1260,52 @@ async fn logind_a_frozen_api_server_does_not_hold_the_shutdown_answer() {
     h.shutdown().await;
 }
 
+/// The API server freezes while the agent writes to it; SIGTERM (systemd stopping the unit, at
+/// a shutdown after the drain, or for an upgrade) must not wait behind that write. It waited
+/// for the request's deadline, and a write's retries after it: a shutdown with the API server
+/// unreachable took 26 s more than its drain, until systemd's TimeoutStopSec= killed the agent.
+#[tokio::test]
+async fn logind_sigterm_is_not_held_by_a_frozen_api_server() {
+    let (h, emu, mut agent) = holding_the_lock(CAP, 0, "2s").await;
+    agent
+        .wait_status("every gate but flannel's file passing", |s| {
+            s.node_registered
+                && s.phase == nodeward::agent::state::Phase::Gated
+                && s.gates.iter().all(|g| {
+                    g.gate.starts_with("file") || g.state == nodeward::gate::GateState::Pass
+                })
+        })
+        .await;
+    emu.set_latency(Duration::from_secs(600));
+    // Gates pass: the agent writes its condition, and that request hangs.
+    agent.write_flannel();
+    let t0 = Instant::now();
+    while !emu
+        .held_requests()
+        .iter()
+        .any(|(verb, resource)| verb == "patch" && resource.starts_with("nodes"))
+    {
+        assert!(t0.elapsed() < SOON, "the agent never wrote its condition");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let t0 = Instant::now();
+    agent.sigterm();
+    let status = agent.wait_exit().await;
+    let exited = t0.elapsed();
+    assert!(status.success(), "exit 0 on SIGTERM: {status}");
+    let bound = nodeward::agent::STOP_GRACE + Duration::from_secs(2);
+    assert!(
+        exited < bound,
+        "exited {exited:?} after SIGTERM with a write held by the API server: more than its grace ({bound:?})\n{}",
+        agent.log_text()
+    );
+    h.wait_for_inhibitors(SOON, |l| ours(l) == 0)
+        .await
+        .expect("lock closed");
+    emu.set_latency(Duration::ZERO);
+    h.shutdown().await;
+}
+
 /// SIGTERM means "the service is stopping" (a package upgrade), not a shutdown: the lock is
 /// closed, the process exits 0, and nothing is drained or cordoned.
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! The agent's event loop in phases: what it waits on ([`Sources`], set up by
-//! [`Agent::sources`]), one `select!` over them ([`Agent::main`]), and one handler per kind of
-//! event. Each handler puts what it got into what the agent knows (`Agent::known`) and may
-//! reconcile; [`Agent::main`] publishes the status after every event.
+//! [`Agent::sources`]), one `select!` over them (`Agent::serve`, which [`Agent::main`] drops
+//! when a stop signal finds it held), and one handler per kind of event. Each handler puts what
+//! it got into what the agent knows (`Agent::known`) and may reconcile; the loop publishes the
+//! status after every event.
 
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -13,7 +14,7 @@ use tracing::{info, warn};
 
 use super::{
     ACCESS_RECHECK, AccessFuture, Agent, CANCELLED_DRAIN_WAIT, DrainFuture, Error, FAR_FUTURE,
-    KUBELET_LOCK_RECHECK, Phase, ProbeFuture, READY_WITHOUT_API_AFTER, WatchStream,
+    KUBELET_LOCK_RECHECK, Phase, ProbeFuture, READY_WITHOUT_API_AFTER, STOP_GRACE, WatchStream,
     changed_or_pending, next_or_pending, notify, sleep_until_opt,
 };
 use crate::drain::explain::Progress;
@@ -147,8 +148,39 @@ impl Agent {
     }
 
     /// Runs until SIGTERM or SIGINT (neither is a shutdown: the lock is closed without a
-    /// drain); a shutdown's drain runs inside the loop, as one of its futures.
+    /// drain); a shutdown's drain runs inside the loop, as one of its futures. A handler the
+    /// API server holds (a write to a frozen one waits up to its request deadline, and a
+    /// reconcile makes several) does not hold the stop: [`STOP_GRACE`] after the signal the
+    /// loop is dropped where it stands.
     pub(super) async fn main(&mut self) -> Result<(), Error> {
+        let (mut term, mut int) = (
+            signal_stream(SignalKind::terminate(), "SIGTERM")?,
+            signal_stream(SignalKind::interrupt(), "SIGINT")?,
+        );
+        let held = async {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tokio::time::sleep(STOP_GRACE).await;
+        };
+        let served = tokio::select! {
+            served = self.serve() => Some(served),
+            () = held => None,
+        };
+        match served {
+            Some(served) => served?,
+            None => warn!(
+                grace = ?STOP_GRACE,
+                "stopping: a call to the API server was still under way after the signal; dropped unanswered"
+            ),
+        }
+        self.stopped();
+        Ok(())
+    }
+
+    /// The loop of [`Agent::main`], until the stop signal breaks it.
+    async fn serve(&mut self) -> Result<(), Error> {
         info!(node = %self.node, gates = self.known.gates.gates.len(), "agent starting");
         let mut src = self.sources().await?;
         let probing = !self.settings.gates.http.is_empty();
@@ -219,7 +251,6 @@ impl Agent {
             }
             self.publish();
         }
-        self.stopped();
         Ok(())
     }
 

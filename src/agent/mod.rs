@@ -82,6 +82,11 @@ use status::{DrainSummary, ShutdownOutcome, Status};
 /// requests are small (one Node, one eviction), so a third of the general deadline.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 
+/// How long the agent's loop may go on after SIGTERM or SIGINT before it is dropped where it
+/// stands: the loop breaks at once unless a handler waits for the API server, and systemd's
+/// shutdown must not wait for that ([`REQUEST_DEADLINE`], more than once in a reconcile).
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// First wait before reconnecting to the bus or retrying the lock; doubles up to
 /// [`LOGIND_RETRY_MAX`]. The bus being gone has no event to wait for, and the lock must be back
 /// within about a second of logind or the bus returning.
