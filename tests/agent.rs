@@ -357,6 +357,39 @@ async fn holding_the_lock(
     (h, emu, agent)
 }
 
+/// An agent holding the lock (logind's `cap`, a 2 s drain deadline) whose write of its readiness
+/// condition the API server holds: every gate but flannel's file passing, the emulator frozen
+/// (accepts, never answers), then flannel's file written; returns once the patch is held (the
+/// test fails if it is not within `limit`).
+async fn writing_to_a_frozen_api_server(
+    cap: Duration,
+    limit: Duration,
+) -> (LogindHarness, Arc<EmulatorHandle>, AgentProc) {
+    let (h, emu, agent) = holding_the_lock(cap, 0, "2s").await;
+    agent
+        .wait_status("every gate but flannel's file passing", |s| {
+            s.node_registered
+                && s.phase == nodeward::agent::state::Phase::Gated
+                && s.gates.iter().all(|g| {
+                    g.gate.starts_with("file") || g.state == nodeward::gate::GateState::Pass
+                })
+        })
+        .await;
+    emu.set_latency(Duration::from_secs(600));
+    // Gates pass: the agent writes its condition, and that request hangs.
+    agent.write_flannel();
+    let t0 = Instant::now();
+    while !emu
+        .held_requests()
+        .iter()
+        .any(|(verb, resource)| verb == "patch" && resource.starts_with("nodes"))
+    {
+        assert!(t0.elapsed() < limit, "the agent never wrote its condition");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (h, emu, agent)
+}
+
 fn ours(list: &[logind_harness::Inhibitor]) -> usize {
     list.iter()
         .filter(|i| i.who == "nodeward" && i.mode == "delay" && i.what.contains("shutdown"))
@@ -1222,28 +1255,7 @@ async fn logind_api_unreachable_during_shutdown_releases_the_lock_by_the_deadlin
 #[tokio::test]
 async fn logind_a_frozen_api_server_does_not_hold_the_shutdown_answer() {
     let cap = Duration::from_secs(60);
-    let (h, emu, agent) = holding_the_lock(cap, 0, "2s").await;
-    agent
-        .wait_status("every gate but flannel's file passing", |s| {
-            s.node_registered
-                && s.phase == nodeward::agent::state::Phase::Gated
-                && s.gates.iter().all(|g| {
-                    g.gate.starts_with("file") || g.state == nodeward::gate::GateState::Pass
-                })
-        })
-        .await;
-    emu.set_latency(Duration::from_secs(600));
-    // Gates pass: the agent writes its condition, and that request hangs.
-    agent.write_flannel();
-    let t0 = Instant::now();
-    while !emu
-        .held_requests()
-        .iter()
-        .any(|(verb, resource)| verb == "patch" && resource.starts_with("nodes"))
-    {
-        assert!(t0.elapsed() < cap, "the agent never wrote its condition");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (h, emu, agent) = writing_to_a_frozen_api_server(cap, cap).await;
     let t0 = Instant::now();
     h.power_off().await.expect("PowerOff");
     h.wait_for_inhibitors(cap, |l| ours(l) == 0)
@@ -1266,28 +1278,7 @@ async fn logind_a_frozen_api_server_does_not_hold_the_shutdown_answer() {
 /// unreachable took 26 s more than its drain, until systemd's TimeoutStopSec= killed the agent.
 #[tokio::test]
 async fn logind_sigterm_is_not_held_by_a_frozen_api_server() {
-    let (h, emu, mut agent) = holding_the_lock(CAP, 0, "2s").await;
-    agent
-        .wait_status("every gate but flannel's file passing", |s| {
-            s.node_registered
-                && s.phase == nodeward::agent::state::Phase::Gated
-                && s.gates.iter().all(|g| {
-                    g.gate.starts_with("file") || g.state == nodeward::gate::GateState::Pass
-                })
-        })
-        .await;
-    emu.set_latency(Duration::from_secs(600));
-    // Gates pass: the agent writes its condition, and that request hangs.
-    agent.write_flannel();
-    let t0 = Instant::now();
-    while !emu
-        .held_requests()
-        .iter()
-        .any(|(verb, resource)| verb == "patch" && resource.starts_with("nodes"))
-    {
-        assert!(t0.elapsed() < SOON, "the agent never wrote its condition");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (h, emu, mut agent) = writing_to_a_frozen_api_server(CAP, SOON).await;
     let t0 = Instant::now();
     agent.sigterm();
     let status = agent.wait_exit().await;
