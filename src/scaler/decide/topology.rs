@@ -18,7 +18,10 @@
 //! ([`Topology::mark`], [`Topology::rollback`]) so the expander compares groups on the same state.
 //! A new node becomes a domain of the spreads its group is eligible for; which of them it may add
 //! a domain to is worked out once per group (a zone the existing nodes have is already one), so
-//! placing a pod does not look at every spread of the pass.
+//! placing a pod does not look at every spread of the pass. When the eligible groups offer more
+//! than one domain of a spread's key (zones, regions), those domains count from the start, empty
+//! ones included, as Karpenter counts its NodePool's zones (`index::offered_domains`): a zone
+//! spread on an empty cluster is spread over every zone the groups offer, not met in the first.
 //!
 //! A pod's affinity terms are counted together, as the scheduler does: a pod counts for them
 //! only if it matches every term (then in each term's topology domain), so two pods that each

@@ -140,6 +140,35 @@ pub(super) struct SpreadPods<'p> {
     pub(super) honor: Vec<bool>,
 }
 
+/// The domains of key `key` the eligible groups may create nodes in, when they offer more than
+/// one (zones, regions, any label their templates vary): a spread counts them as its domains
+/// before any node is there, as the scheduler will once the nodes are, and as Karpenter counts
+/// its NodePool's zones. Without it the first zone a tie picked was the only domain, every pod
+/// of a zone spread "met" it there, and the scale-up put the whole spread in one zone. A key
+/// the groups do not vary (or the hostname, each new node's own) adds nothing: a new node adds
+/// its domain once a pod is placed on it, as before.
+pub(super) fn offered_domains(
+    group_domains: &[Vec<Option<u32>>],
+    eligible: &[bool],
+    key: usize,
+) -> Vec<u32> {
+    if key == 0 {
+        return Vec::new();
+    }
+    let mut offered: Vec<u32> = group_domains
+        .iter()
+        .zip(eligible)
+        .filter(|&(_, &e)| e)
+        .filter_map(|(domains, _)| domains.get(key).copied().flatten())
+        .collect();
+    offered.sort_unstable();
+    offered.dedup();
+    if offered.len() < 2 {
+        offered.clear();
+    }
+    offered
+}
+
 /// The distinct domains of key `key` among the nodes' domains, in the nodes' order.
 pub(super) fn distinct(node_domains: &[Vec<Option<u32>>], key: usize) -> Vec<u32> {
     let mut seen = Vec::new();
@@ -447,6 +476,13 @@ impl Topology {
                 .iter()
                 .map(|&(labels, taints)| admits(labels, "", taints))
                 .collect();
+            let offered = offered_domains(&self.group_domains, &s.group_eligible, key);
+            for d in offered {
+                if !s.eligible.get(d as usize).copied().unwrap_or(false) {
+                    set_flag(&mut s.eligible, d, true);
+                    s.domains.push(d);
+                }
+            }
         }
     }
 
