@@ -57,6 +57,7 @@ pub use backoff::{back_off, backoff_for};
 use bins::*;
 use guard::*;
 pub use guard::{remember_guards, unhealthy};
+use refill::Refill;
 use repair::*;
 use scale_up::*;
 
@@ -516,6 +517,7 @@ mod first_fit;
 mod guard;
 mod label_sets;
 mod node_index;
+mod refill;
 mod repair;
 mod scale_down;
 mod scale_up;

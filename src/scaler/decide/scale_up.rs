@@ -70,6 +70,9 @@ pub(super) fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
     // Seeded only when the random expander first draws: hashing 10,000 UIDs byte by byte is
     // not free, and the other expanders never draw.
     let mut rng: Option<SplitMix> = None;
+    let mut refill = Refill::new(&topo, &unplaced, &unplaced_q, &candidates);
+    // Per group, its scale-up action of this pass.
+    let mut action_of: Vec<Option<usize>> = vec![None; templates.len()];
     loop {
         let mut options: Vec<Expansion> = Vec::new();
         for (gi, t) in templates.iter().enumerate() {
@@ -95,13 +98,19 @@ pub(super) fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
             break;
         };
         planned[o.group] += o.nodes;
+        let first_host = topo.peek_host();
         o.place(&mut topo, &mut remaining, &unplaced_q);
-        actions.push(Action::ScaleUp {
-            group: s.groups[o.group].name.clone(),
-            count: o.nodes,
-            reason: ScaleUpReason::PendingPods,
-            pods: o.placed.iter().map(|&pi| unplaced[pi].key()).collect(),
-        });
+        let action = grow_action(
+            actions,
+            &mut action_of[o.group],
+            &s.groups[o.group].name,
+            o,
+            &unplaced,
+        );
+        if let Some(r) = refill.as_mut() {
+            r.planned(o, &templates[o.group], first_host, &unplaced, action);
+            r.fill(&mut topo, &unplaced, &unplaced_q, &mut remaining, actions);
+        }
     }
     let left = Leftover {
         unplaced: &unplaced,
@@ -112,6 +121,32 @@ pub(super) fn scale_up<'a>(cx: &'a Context<'a>, plan: &mut Plan<'a>) {
         size,
     };
     why_no_scale_up(cx, &left, actions);
+}
+
+/// Grows the group's one scale-up action of the pass (`action`: its index in `actions`, once
+/// there is one) by expansion `o`: a group chosen again, in a spread's later round, asks once
+/// for all its nodes. Returns the action's index.
+fn grow_action(
+    actions: &mut Vec<Action>,
+    action: &mut Option<usize>,
+    group: &str,
+    o: &Expansion,
+    unplaced: &[&PodView],
+) -> usize {
+    let i = *action.get_or_insert_with(|| {
+        actions.push(Action::ScaleUp {
+            group: group.to_string(),
+            count: 0,
+            reason: ScaleUpReason::PendingPods,
+            pods: Vec::new(),
+        });
+        actions.len() - 1
+    });
+    if let Some(Action::ScaleUp { count, pods, .. }) = actions.get_mut(i) {
+        *count += o.nodes;
+        pods.extend(o.placed.iter().map(|&pi| unplaced[pi].key()));
+    }
+    i
 }
 
 /// The pods one group's expansion may take: its candidates in order, the floors of what they

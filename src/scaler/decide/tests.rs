@@ -563,6 +563,29 @@ fn zone_spread(p: PodView, app: &str, max_skew: u32) -> PodView {
     )
 }
 
+/// Groups `za`, `zb`, `zc`, one per zone, empty.
+fn three_zones() -> Vec<GroupSettings> {
+    vec![
+        zoned("za", 0, 10, "zone-1"),
+        zoned("zb", 0, 10, "zone-2"),
+        zoned("zc", 0, 10, "zone-3"),
+    ]
+}
+
+/// `n` pending 500m pods of app `web` with a zone spread of maxSkew 1 and `min_domains`, on an
+/// empty cluster.
+fn spread_pods(n: usize, min_domains: u32) -> Snapshot {
+    let mut snap = Snapshot::default();
+    for i in 0..n {
+        let mut web = zone_spread(labelled(pod(&format!("web-{i}"), 500, 1), "web"), "web", 1);
+        if let Some(c) = web.constraints.as_deref_mut() {
+            c.spread[0].min_domains = min_domains;
+        }
+        snap.pods.push(web);
+    }
+    snap
+}
+
 fn zoned(name: &str, min: u32, max: u32, zone: &str) -> GroupSettings {
     let mut g = group(name, min, max);
     g.labels.insert(ZONE.into(), zone.into());
@@ -817,6 +840,27 @@ fn inter_pod_constraints_shape_the_scale_up() {
             },
             ups: vec![("a", 1)],
             refused: vec!["default/web-b"],
+        },
+        Case {
+            name: "zone spread on an empty cluster: the zones the groups offer are its domains, 10/10/10",
+            groups: three_zones(),
+            snap: spread_pods(30, 1),
+            ups: vec![("za", 2), ("zb", 2), ("zc", 2)],
+            refused: vec![],
+        },
+        Case {
+            name: "zone spread with minDomains 3 on an empty cluster: the three zones offered meet it",
+            groups: three_zones(),
+            snap: spread_pods(30, 3),
+            ups: vec![("za", 2), ("zb", 2), ("zc", 2)],
+            refused: vec![],
+        },
+        Case {
+            name: "zone spread over groups that offer one zone: that zone alone, as before",
+            groups: vec![zoned("za", 0, 10, "zone-1"), zoned("zb", 0, 10, "zone-1")],
+            snap: spread_pods(3, 1),
+            ups: vec![("za", 1)],
+            refused: vec![],
         },
         Case {
             name: "without constraints, three replicas share one node as before",

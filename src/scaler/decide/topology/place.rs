@@ -97,6 +97,15 @@ impl Topology {
         }
     }
 
+    /// Whether pending pod `qi` has a spread or a pod affinity: what other pods' placements may
+    /// open to it after it was kept off a place (an anti-affinity only ever closes places).
+    pub(in crate::scaler::decide) fn may_open_later(&self, qi: usize) -> bool {
+        self.pending
+            .get(qi)
+            .and_then(|p| self.needs.get(p.needs as usize))
+            .is_some_and(|n| !n.spread.is_empty() || !n.affinity.is_empty())
+    }
+
     /// Whether pending pod `qi` may go to `place` as far as inter-pod constraints go.
     pub(in crate::scaler::decide) fn allows(&mut self, qi: usize, place: Place) -> bool {
         const NOTHING: &Needs = &Needs {
