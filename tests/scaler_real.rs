@@ -716,6 +716,145 @@ async fn spread_honours_taints(cluster: Cluster) {
     }
 }
 
+/// A zone spread over groups in three zones, on an empty cluster, held to the real scheduler:
+/// `decide` plans two nodes in each zone the groups offer (they are the spread's domains before
+/// any node is there), the nodes register as the scaler's do, with the startup taint, and count
+/// as domains while tainted (`nodeTaintsPolicy: Ignore`); once their taints are lifted the
+/// scheduler places the 30 pods 10/10/10. Before, `decide` planned every node in one zone.
+async fn zone_spread_over_offered_zones(cluster: Cluster, min_domains: Option<u32>) {
+    let admin = cluster.admin().await;
+    let ns = unique("zones");
+    common::create_namespace(&admin, &ns).await;
+    let (zone, pool_key) = ("topology.kubernetes.io/zone", "nodeward.test/pool");
+    let (pool, app) = (unique("pool"), unique("web"));
+    let zones: Vec<String> = (0..3).map(|_| unique("zone")).collect();
+    let mut spread = json!({"maxSkew": 1, "topologyKey": zone, "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"app": app}}});
+    if let Some(m) = min_domains {
+        spread["minDomains"] = json!(m);
+    }
+    for i in 0..30 {
+        common::create::<Pod>(
+            &admin,
+            json!({"metadata": {"name": format!("web-{i}"), "namespace": ns, "labels": {"app": app}},
+                "spec": {"terminationGracePeriodSeconds": 0, "nodeSelector": {pool_key: pool},
+                    "topologySpreadConstraints": [spread],
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"requests": {"cpu": "6"}}}]}}),
+        )
+        .await;
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let pending = pods_until(&pods, "unschedulable", unschedulable).await;
+    // The scaler's view of the cluster, and its plan for three groups, one per zone, whose
+    // nodes are as large as the nodes below (32 CPUs: five of these pods each).
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let listed = nodes
+        .list(&ListParams::default())
+        .await
+        .expect("list nodes");
+    let snap = nodeward::scaler::model::Snapshot {
+        nodes: listed
+            .items
+            .iter()
+            .map(nodeward::scaler::model::node_view)
+            .collect(),
+        pods: pending
+            .iter()
+            .filter_map(|p| nodeward::scaler::model::pod_view(p, &Default::default()))
+            .collect(),
+        ..Default::default()
+    };
+    let mut s = Settings::default().scaler;
+    s.groups = zones
+        .iter()
+        .enumerate()
+        .map(|(i, z)| {
+            let mut g = common::scaler_group(&format!("zone{i}"), 10);
+            g.labels.insert(zone.into(), z.clone());
+            g.labels.insert(pool_key.into(), pool.clone());
+            g.capacity.resources.cpu_milli = 32_000;
+            g.capacity.resources.memory = 256 << 30;
+            g
+        })
+        .collect();
+    let mut planned: BTreeMap<String, u32> = BTreeMap::new();
+    for a in nodeward::scaler::decide::decide(&snap, jiff::Timestamp::now(), &s) {
+        if let nodeward::scaler::decide::Action::ScaleUp { group, count, .. } = a {
+            *planned.entry(group).or_default() += count;
+        }
+    }
+    let want: BTreeMap<String, u32> = (0..3).map(|i| (format!("zone{i}"), 2)).collect();
+    assert_eq!(planned, want, "two nodes in each zone the groups offer");
+    // The planned nodes register tainted, as the scaler's machines do, then become ready.
+    let startup = json!([{"key": STARTUP_TAINT_KEY, "effect": "NoSchedule"}]);
+    let mut added = Vec::new();
+    for (i, z) in zones.iter().enumerate() {
+        for _ in 0..planned[&format!("zone{i}")] {
+            let name = unique("zoned");
+            cluster
+                .add_node(&name, &[(zone, z), (pool_key, &pool)], startup.clone())
+                .await;
+            added.push((name, z.clone()));
+        }
+    }
+    for (name, _) in &added {
+        patch_merge(&nodes, name, json!({"spec": {"taints": null}})).await;
+    }
+    let bound = pods_until(&pods, "bound", |p| node_of(p).is_some()).await;
+    let zone_of: BTreeMap<&str, &str> = added
+        .iter()
+        .map(|(n, z)| (n.as_str(), z.as_str()))
+        .collect();
+    let mut per_zone: BTreeMap<&str, usize> = BTreeMap::new();
+    for p in &bound {
+        *per_zone
+            .entry(
+                node_of(p)
+                    .and_then(|n| zone_of.get(n).copied())
+                    .unwrap_or("elsewhere"),
+            )
+            .or_default() += 1;
+    }
+    let even: BTreeMap<&str, usize> = zones.iter().map(|z| (z.as_str(), 10)).collect();
+    assert_eq!(
+        per_zone, even,
+        "the scheduler spreads the pods over the planned zones"
+    );
+    let _ = pods
+        .delete_collection(&Default::default(), &ListParams::default())
+        .await;
+    for (name, _) in &added {
+        cluster.remove_node(name).await;
+    }
+}
+
+async fn zone_spread_without_min_domains(cluster: Cluster) {
+    zone_spread_over_offered_zones(cluster, None).await;
+}
+
+async fn zone_spread_with_min_domains(cluster: Cluster) {
+    zone_spread_over_offered_zones(cluster, Some(3)).await;
+}
+
+/// Every pod of `pods` once `check` holds for each (the test fails after [`LIMIT`]).
+async fn pods_until(pods: &Api<Pod>, what: &str, check: fn(&Pod) -> bool) -> Vec<Pod> {
+    let until = Instant::now() + LIMIT;
+    loop {
+        let list = pods.list(&ListParams::default()).await.expect("list pods");
+        let not = list.items.iter().filter(|p| !check(p)).count();
+        if not == 0 && !list.items.is_empty() {
+            return list.items;
+        }
+        assert!(
+            Instant::now() < until,
+            "{not} of {} pods not {what} after {LIMIT:?}",
+            list.items.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// kube-apiserver merges `matchLabelKeys` into a spread's and an affinity term's selector at
 /// creation; the scaler's view of the stored pod has each merged requirement once.
 async fn match_label_keys_arrive_merged(cluster: Cluster) {
@@ -883,4 +1022,6 @@ real_only! {
     match_label_keys_arrive_merged_into_the_selectors => super::match_label_keys_arrive_merged;
     the_scheduler_counts_a_pods_affinity_terms_together => super::affinity_terms_count_together;
     a_spread_honouring_taints_leaves_a_repelling_zone_out => super::spread_honours_taints;
+    a_zone_spread_goes_to_every_zone_the_groups_offer => super::zone_spread_without_min_domains;
+    a_zone_spread_with_min_domains_meets_them_in_the_zones_offered => super::zone_spread_with_min_domains;
 }
