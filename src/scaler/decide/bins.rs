@@ -183,6 +183,27 @@ impl Expansion {
     }
 }
 
+/// The floor of no request yet: any node's room fits under it.
+pub(super) fn no_floor() -> Resources {
+    Resources {
+        cpu_milli: i64::MAX,
+        memory: i64::MAX,
+        pods: i64::MAX,
+        ..Resources::default()
+    }
+}
+
+/// `floor` lowered to `r`'s CPU, memory and pod slots where they are less: the least any of a
+/// set of pods requests, so a node with less room left takes none of them.
+pub(super) fn floor_with(floor: &Resources, r: &Resources) -> Resources {
+    Resources {
+        cpu_milli: floor.cpu_milli.min(r.cpu_milli),
+        memory: floor.memory.min(r.memory),
+        pods: floor.pods.min(r.pods),
+        ..Resources::default()
+    }
+}
+
 pub(super) fn share(used: i64, total: i64) -> f64 {
     if total <= 0 {
         0.0

@@ -60,23 +60,9 @@ impl Refill {
             .enumerate()
             .filter_map(|(pi, g)| g.filter(|g| !g.is_empty()).map(|g| (pi, g)))
             .collect();
-        let floor = pods.iter().fold(
-            Resources {
-                cpu_milli: i64::MAX,
-                memory: i64::MAX,
-                pods: i64::MAX,
-                ..Resources::default()
-            },
-            |f, &(pi, _)| {
-                let r = &unplaced[pi].requests;
-                Resources {
-                    cpu_milli: f.cpu_milli.min(r.cpu_milli),
-                    memory: f.memory.min(r.memory),
-                    pods: f.pods.min(r.pods),
-                    ..Resources::default()
-                }
-            },
-        );
+        let floor = pods.iter().fold(no_floor(), |f, &(pi, _)| {
+            floor_with(&f, &unplaced[pi].requests)
+        });
         (!pods.is_empty()).then(|| Refill {
             pods,
             floor,

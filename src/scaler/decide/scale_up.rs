@@ -484,23 +484,9 @@ pub(super) fn template_candidates(
     let floors: Vec<Vec<Resources>> = candidates
         .iter()
         .map(|list| {
-            let mut floor = vec![
-                Resources {
-                    cpu_milli: i64::MAX,
-                    memory: i64::MAX,
-                    pods: i64::MAX,
-                    ..Resources::default()
-                };
-                list.len() + 1
-            ];
+            let mut floor = vec![no_floor(); list.len() + 1];
             for (k, &pi) in list.iter().enumerate().rev() {
-                let (r, next) = (&unplaced[pi].requests, &floor[k + 1]);
-                floor[k] = Resources {
-                    cpu_milli: r.cpu_milli.min(next.cpu_milli),
-                    memory: r.memory.min(next.memory),
-                    pods: r.pods.min(next.pods),
-                    ..Resources::default()
-                };
+                floor[k] = floor_with(&floor[k + 1], &unplaced[pi].requests);
             }
             floor
         })
