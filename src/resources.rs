@@ -162,10 +162,11 @@ impl Resources {
         request.cpu_milli <= self.cpu_milli
             && request.memory <= self.memory
             && request.pods <= self.pods
-            && request
-                .extended
-                .iter()
-                .all(|(k, v)| *v <= 0 || self.extended.get(k).is_some_and(|free| v <= free))
+            && (request.extended.is_empty()
+                || request
+                    .extended
+                    .iter()
+                    .all(|(k, v)| *v <= 0 || self.extended.get(k).is_some_and(|free| v <= free)))
     }
 }
 

@@ -108,6 +108,7 @@ impl Refill {
         self.pods.retain(|&(pi, _)| remaining[pi]);
         let floor = &self.floor;
         self.opened.retain(|n| n.free.fits(floor));
+        let mut open: Vec<usize> = Vec::new();
         let mut placed_any = true;
         while placed_any {
             placed_any = false;
@@ -117,8 +118,25 @@ impl Refill {
                     continue;
                 }
                 let (p, qi) = (unplaced[pi], unplaced_q[pi]);
+                // The groups whose nodes may take it, judged once by a new node of each where
+                // that stands for them all.
+                open.clear();
+                if topo.new_node_is_widest(qi) {
+                    let host = topo.peek_host();
+                    open.extend(
+                        groups
+                            .iter()
+                            .copied()
+                            .filter(|&group| topo.allows(qi, Place::New { group, host })),
+                    );
+                } else {
+                    open.extend_from_slice(groups);
+                }
+                if open.is_empty() {
+                    continue;
+                }
                 let Some(n) = self.opened.iter_mut().find(|n| {
-                    groups.contains(&n.group)
+                    open.contains(&n.group)
                         && n.free.fits(&p.requests)
                         && topo.allows(
                             qi,

@@ -187,6 +187,22 @@ pub(super) fn trial(
         if !pods.remaining[pi] {
             continue;
         }
+        // A pod a new node of the group may not take goes on none of them: not probed node by
+        // node (on a spread's later rounds that was most of decide's time).
+        if topo.new_node_is_widest(qi)
+            && !topo.allows(
+                qi,
+                Place::New {
+                    group: gi,
+                    host: topo.peek_host(),
+                },
+            )
+        {
+            if (nodes.len() as u32) < room {
+                blocked[pi] = true;
+            }
+            continue;
+        }
         let target = fit.first_where(&p.requests, |j| {
             let (free, host) = &nodes[j];
             let place = Place::New {

@@ -106,6 +106,19 @@ impl Topology {
             .is_some_and(|n| !n.spread.is_empty() || !n.affinity.is_empty())
     }
 
+    /// Whether a new node of a group is as open to pending pod `qi` as any other node of that
+    /// group, as far as inter-pod constraints go: so when a new node may not take it, no node of
+    /// the group may. True unless the pod has a required pod affinity (a node that holds its
+    /// company may take it where an empty one may not): an empty node has no pod for an
+    /// anti-affinity to avoid nor a count a hostname spread could find too high, and its other
+    /// domains (zone, region) are the group's.
+    pub(in crate::scaler::decide) fn new_node_is_widest(&self, qi: usize) -> bool {
+        self.pending
+            .get(qi)
+            .and_then(|p| self.needs.get(p.needs as usize))
+            .is_none_or(|n| n.affinity.is_empty())
+    }
+
     /// Whether pending pod `qi` may go to `place` as far as inter-pod constraints go.
     pub(in crate::scaler::decide) fn allows(&mut self, qi: usize, place: Place) -> bool {
         const NOTHING: &Needs = &Needs {
