@@ -162,6 +162,32 @@ pub(super) struct Expansion {
 }
 
 impl Expansion {
+    /// `nodes` new nodes of group `gi` (template `t`) taking the pods `placed`, each on its
+    /// node in `on_node`, which request `requested` in all; its waste is the share of their
+    /// CPU and memory left unrequested, the two averaged.
+    pub(super) fn new(
+        gi: usize,
+        t: &Template,
+        nodes: u32,
+        requested: &Resources,
+        placed: Vec<usize>,
+        on_node: Vec<usize>,
+    ) -> Self {
+        let n = i64::from(nodes);
+        let waste = (1.0 - share(requested.cpu_milli, t.allocatable.cpu_milli * n) + 1.0
+            - share(requested.memory, t.allocatable.memory * n))
+            / 2.0;
+        Expansion {
+            group: gi,
+            nodes,
+            placed,
+            on_node,
+            waste,
+        }
+    }
+}
+
+impl Expansion {
     /// Its pods are placed: on its new nodes in the topology (hostnames taken in order), and no
     /// longer `remaining`.
     pub(super) fn place(&self, topo: &mut Topology, remaining: &mut [bool], unplaced_q: &[usize]) {

@@ -118,20 +118,14 @@ impl Refill {
                     continue;
                 }
                 let (p, qi) = (unplaced[pi], unplaced_q[pi]);
-                // The groups whose nodes may take it, judged once by a new node of each where
-                // that stands for them all.
+                // The groups whose nodes may take it, judged once per group.
                 open.clear();
-                if topo.new_node_is_widest(qi) {
-                    let host = topo.peek_host();
-                    open.extend(
-                        groups
-                            .iter()
-                            .copied()
-                            .filter(|&group| topo.allows(qi, Place::New { group, host })),
-                    );
-                } else {
-                    open.extend_from_slice(groups);
-                }
+                open.extend(
+                    groups
+                        .iter()
+                        .copied()
+                        .filter(|&group| !topo.closed_to_group(qi, group)),
+                );
                 if open.is_empty() {
                     continue;
                 }

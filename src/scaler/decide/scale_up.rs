@@ -187,20 +187,9 @@ pub(super) fn trial(
         if !pods.remaining[pi] {
             continue;
         }
-        // A pod a new node of the group may not take goes on none of them: not probed node by
-        // node (on a spread's later rounds that was most of decide's time).
-        if topo.new_node_is_widest(qi)
-            && !topo.allows(
-                qi,
-                Place::New {
-                    group: gi,
-                    host: topo.peek_host(),
-                },
-            )
-        {
-            if (nodes.len() as u32) < room {
-                blocked[pi] = true;
-            }
+        // Not probed node by node (on a spread's later rounds, most of decide's time).
+        if topo.closed_to_group(qi, gi) {
+            blocked[pi] |= (nodes.len() as u32) < room;
             continue;
         }
         let target = fit.first_where(&p.requests, |j| {
@@ -247,17 +236,14 @@ pub(super) fn trial(
     if placed.is_empty() {
         return None;
     }
-    let n = nodes.len() as i64;
-    let waste = (1.0 - share(requested.cpu_milli, t.allocatable.cpu_milli * n) + 1.0
-        - share(requested.memory, t.allocatable.memory * n))
-        / 2.0;
-    Some(Expansion {
-        group: gi,
-        nodes: nodes.len() as u32,
+    Some(Expansion::new(
+        gi,
+        t,
+        nodes.len() as u32,
+        &requested,
         placed,
         on_node,
-        waste,
-    })
+    ))
 }
 
 /// The expansion the configured expander picks among `options`. The random expander's

@@ -106,17 +106,20 @@ impl Topology {
             .is_some_and(|n| !n.spread.is_empty() || !n.affinity.is_empty())
     }
 
-    /// Whether a new node of a group is as open to pending pod `qi` as any other node of that
-    /// group, as far as inter-pod constraints go: so when a new node may not take it, no node of
-    /// the group may. True unless the pod has a required pod affinity (a node that holds its
-    /// company may take it where an empty one may not): an empty node has no pod for an
+    /// Whether no node of group `group` may take pending pod `qi`, as far as inter-pod
+    /// constraints go, judged by a new node of the group alone. A new node is as open as any
+    /// node of its group to a pod without a required pod affinity: it holds no pod for an
     /// anti-affinity to avoid nor a count a hostname spread could find too high, and its other
-    /// domains (zone, region) are the group's.
-    pub(in crate::scaler::decide) fn new_node_is_widest(&self, qi: usize) -> bool {
-        self.pending
+    /// domains (zone, region) are the group's. A pod with an affinity (a node holding its
+    /// company may take it where an empty one may not) is never judged closed here.
+    pub(in crate::scaler::decide) fn closed_to_group(&mut self, qi: usize, group: usize) -> bool {
+        let affine = self
+            .pending
             .get(qi)
             .and_then(|p| self.needs.get(p.needs as usize))
-            .is_none_or(|n| n.affinity.is_empty())
+            .is_some_and(|n| !n.affinity.is_empty());
+        let host = self.peek_host();
+        !affine && !self.allows(qi, Place::New { group, host })
     }
 
     /// Whether pending pod `qi` may go to `place` as far as inter-pod constraints go.
