@@ -42,6 +42,36 @@ pub enum Error {
 /// its headers as soon as the watch starts, and the events stream after them, unbounded.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
 
+/// How many objects [`list_paged`] asks for at a time: kubectl's default `--chunk-size`.
+pub const LIST_PAGE: u32 = 500;
+
+/// Lists `api`'s objects matching `params` a page of [`LIST_PAGE`] at a time, each page turned
+/// by `view` into what the caller keeps before the next page is asked for. A list's peak memory
+/// is then one page of whole objects (their `managedFields`, annotations and status included),
+/// not every one of them at once: for a scaler reading a cluster's Pods each pass, that was
+/// most of its resident size. The pages are one consistent snapshot (the API server's continue
+/// token); a token that expired mid-list is an error like any other, and the caller's next
+/// pass lists again.
+pub async fn list_paged<K, V>(
+    api: &kube::Api<K>,
+    params: &kube::api::ListParams,
+    mut view: impl FnMut(&K) -> Option<V>,
+) -> kube::Result<Vec<V>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut page_params = params.clone().limit(LIST_PAGE);
+    loop {
+        let page = api.list(&page_params).await?;
+        out.extend(page.items.iter().filter_map(&mut view));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => page_params = page_params.continue_token(&token),
+            _ => return Ok(out),
+        }
+    }
+}
+
 /// A client for `kubeconfig`, or kube's inference (KUBECONFIG, ~/.kube/config, in-cluster)
 /// when `None`, each request bounded by [`REQUEST_DEADLINE`].
 pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
@@ -269,6 +299,53 @@ mod tests {
             errors.get_or_create(&labels).get(),
             1,
             "counted as a get with no answer"
+        );
+    }
+
+    /// A list larger than a page comes in pages of `LIST_PAGE`, each turned into views before
+    /// the next is asked for, and nothing is lost or repeated between them.
+    #[tokio::test]
+    async fn a_paged_list_reads_every_object_once_a_page_at_a_time() {
+        let emu = kube_emulator::Emulator::start(kube_emulator::EmulatorOptions::default())
+            .await
+            .expect("emulator");
+        let total = 2 * LIST_PAGE as usize + 3;
+        for i in 0..total {
+            emu.create(serde_json::json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"namespace": "default", "name": format!("cm-{i:04}")},
+            }))
+            .expect("create");
+        }
+        let client = client(Some(emu.kubeconfig_path())).await.expect("client");
+        let maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(client, "default");
+        emu.clear_requests();
+        // The view keeps the even ones: what it returns is what the list keeps.
+        let names = list_paged(&maps, &kube::api::ListParams::default(), |cm| {
+            let name = cm.metadata.name.clone()?;
+            let n: usize = name.strip_prefix("cm-")?.parse().ok()?;
+            (n % 2 == 0).then_some(n)
+        })
+        .await
+        .expect("list");
+        assert_eq!(names, (0..total).step_by(2).collect::<Vec<_>>());
+        let lists: Vec<String> = emu
+            .requests()
+            .into_iter()
+            .filter(|r| r.verb == "list")
+            .map(|r| r.query)
+            .collect();
+        assert_eq!(lists.len(), 3, "three pages: {lists:?}");
+        assert!(
+            lists
+                .iter()
+                .all(|q| q.contains(&format!("limit={LIST_PAGE}"))),
+            "{lists:?}"
+        );
+        assert!(
+            lists[1..].iter().all(|q| q.contains("continue=")),
+            "{lists:?}"
         );
     }
 

@@ -1,6 +1,7 @@
 //! The pass's snapshot: what the API server and the provider show, read fresh each pass.
 
 use super::*;
+use crate::kube_client::list_paged;
 
 impl<P: Provider + 'static> Inner<P> {
     #[instrument(skip(self), err)]
@@ -11,13 +12,27 @@ impl<P: Provider + 'static> Inner<P> {
         let budgets: Api<PodDisruptionBudget> = Api::all(self.client.clone());
         let all = ListParams::default();
         let live = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-        let (nodes, pods, status, budgets, machines, daemonsets, cluster_shutdown) = tokio::join!(
-            nodes.list(&all),
-            pods.list(&live),
+        // Nodes and Pods are turned into views a page at a time (`list_paged`): whole objects
+        // are never all held at once. A Node's cordon by a cluster shutdown is read on the way.
+        let mut shutdown_cordons = false;
+        let node_views = list_paged(&nodes, &all, |n| {
+            shutdown_cordons |= crate::cluster::intent::is_live([n]);
+            Some(model::node_view(n))
+        });
+        // The pods' views need the DaemonSets (what leaves with a node), so they come first.
+        let pod_views = async {
+            let daemonsets = self.daemonsets().await?;
+            let cx = self.leave_context(&daemonsets);
+            list_paged(&pods, &live, |p| model::pod_view(p, &cx))
+                .await
+                .map_err(api("list pods"))
+        };
+        let (nodes, pods, status, budgets, machines, cluster_shutdown) = tokio::join!(
+            node_views,
+            pod_views,
             status.get_opt(STATUS_CONFIGMAP),
             budgets.list(&all),
             self.provider.list(),
-            self.daemonsets(),
             crate::cluster::read_intent(&self.client),
         );
         let cluster_shutdown = match cluster_shutdown {
@@ -30,14 +45,13 @@ impl<P: Provider + 'static> Inner<P> {
             }
             other => other.map_err(api("read ConfigMap kube-system/nodeward-cluster-shutdown"))?,
         };
-        let daemonsets = daemonsets?;
         let nodes = nodes.map_err(api("list nodes"))?;
         let cluster_shutdown = cluster_shutdown.map(|i| model::ClusterShutdownView {
             requested_by: i.requested_by,
             started_at: i.started_at,
-            live: crate::cluster::intent::is_live(&nodes.items),
+            live: shutdown_cordons,
         });
-        let pods = pods.map_err(api("list pods"))?;
+        let pods = pods?;
         let status = status.map_err(api("read the status ConfigMap"))?;
         let budgets = budgets.map_err(api("list poddisruptionbudgets"))?;
         let machines = machines?;
@@ -51,12 +65,8 @@ impl<P: Provider + 'static> Inner<P> {
             .and_then(|g| serde_json::from_str(g).ok())
             .unwrap_or_default();
         Ok(Snapshot {
-            nodes: nodes.items.iter().map(model::node_view).collect(),
-            pods: pods
-                .items
-                .iter()
-                .filter_map(|p| model::pod_view(p, &self.leave_context(&daemonsets)))
-                .collect(),
+            nodes,
+            pods,
             machines,
             backoff,
             guard_held,
