@@ -1301,3 +1301,67 @@ async fn a_stale_cluster_shutdown_freezes_nothing_and_is_said() {
     .await;
     scaler.abort();
 }
+
+/// A live cluster shutdown (a node still holds the shutdown's cordon, read from the paged Node
+/// list) pauses the scaler: a pending pod gets no machine while it lasts. Once the cordon is
+/// lifted the record is stale, and the same pod gets its machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_cluster_shutdown_pauses_scale_up_until_its_cordon_is_gone() {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, Patch, PatchParams};
+    let env = env(|_| {}).await;
+    env.kube.seed_node("stopped-node").expect("node");
+    let client = nodeward::kube_client::client(Some(env.kube.kubeconfig_path()))
+        .await
+        .expect("client");
+    let nodes: Api<Node> = Api::all(client);
+    let as_nodeward = PatchParams {
+        field_manager: Some(nodeward::names::FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    let record = json!({"reason": nodeward::cluster::CORDON_REASON, "at": "2026-12-06T01:00:00Z"});
+    nodes
+        .patch(
+            "stopped-node",
+            &as_nodeward,
+            &Patch::Merge(json!({
+                "metadata": {"annotations": {nodeward::names::CORDONED_BY: record.to_string()}},
+                "spec": {"unschedulable": true},
+            })),
+        )
+        .await
+        .expect("cordon as a cluster shutdown");
+    env.kube
+        .create(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": nodeward::names::CLUSTER_SHUTDOWN_CONFIGMAP,
+                "namespace": nodeward::names::CLUSTER_SHUTDOWN_NAMESPACE},
+            "data": {"phase": "stopping", "started-at": "2026-12-06T01:00:00Z",
+                "requested-by": "an operator", "reason": "maintenance",
+                "cordoned": "[\"stopped-node\"]"}
+        }))
+        .expect("intent");
+    let _sim = env.simulate(SimOptions::default());
+    let scaler = env.spawn("replica-a").await;
+    env.pod("during-the-shutdown", "500m");
+    // Forty passes at the test's 100 ms scan.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        env.servers().is_empty(),
+        "no machine while the shutdown is live: {:?}",
+        env.servers()
+    );
+    nodes
+        .patch(
+            "stopped-node",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": null}})),
+        )
+        .await
+        .expect("uncordon by hand");
+    wait_for("the pod running", Duration::from_secs(20), || {
+        env.running_pods() == 1
+    })
+    .await;
+    scaler.abort();
+}
