@@ -325,7 +325,7 @@ mod tests {
         let names = list_paged(&maps, &kube::api::ListParams::default(), |cm| {
             let name = cm.metadata.name.clone()?;
             let n: usize = name.strip_prefix("cm-")?.parse().ok()?;
-            (n % 2 == 0).then_some(n)
+            n.is_multiple_of(2).then_some(n)
         })
         .await
         .expect("list");
