@@ -185,9 +185,7 @@ impl Expansion {
             waste,
         }
     }
-}
 
-impl Expansion {
     /// Its pods are placed: on its new nodes in the topology (hostnames taken in order), and no
     /// longer `remaining`.
     pub(super) fn place(&self, topo: &mut Topology, remaining: &mut [bool], unplaced_q: &[usize]) {
