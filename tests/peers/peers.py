@@ -330,6 +330,20 @@ def bought(nodes, pods):
     }
 
 
+def spread_zones(nodes, pods):
+    """Where the pods with a zone spread run: their count per zone of their node, zones in order
+    by the last part of their name ("a 20 / b 20 / c 20"); "–" when no pod has one."""
+    zone_of = {n["metadata"]["name"]: n["metadata"]["labels"].get(ZONE_LABEL, "?") for n in nodes}
+    counts = {}
+    for p in pods:
+        spread = p["spec"].get("topologySpreadConstraints") or []
+        if not any(c.get("topologyKey") == ZONE_LABEL for c in spread):
+            continue
+        zone = zone_of.get(p["spec"].get("nodeName"), "?").rsplit("-", 1)[-1]
+        counts[zone] = counts.get(zone, 0) + 1
+    return " / ".join(f"{z} {counts[z]}" for z in sorted(counts)) or "–"
+
+
 def delete_pods(api):
     """Deletes the bench's pods. Deleting 2,000 takes kube-apiserver longer than its 60 s request
     timeout (504): asked again until none is left."""
@@ -369,6 +383,7 @@ def run(argv):
         "created_s": round(created, 1), "first_node_s": round(first_node or 0, 1),
         "all_running_s": round(all_running, 1),
         **bought(nodes, items),
+        "spread_zones": spread_zones(nodes, items),
         "pods_per_node": round(a.pods / max(len(nodes), 1), 1),
         "cpu_s_up": round(proc_cpu_seconds(a.pid) - cpu0, 2),
     }
@@ -406,7 +421,8 @@ def table(path):
         die(f"{path}: no results")
     cols = [("scaler", "scaler"), ("workload", "workload"), ("pods", "pods"),
             ("first_node_s", "first node s"), ("all_running_s", "all Running s"),
-            ("nodes", "nodes"), ("pods_per_node", "pods/node"),
+            ("nodes", "nodes"), ("spread_zones", "zone-spread pods per zone"),
+            ("pods_per_node", "pods/node"),
             ("cpu_requested", "CPU asked"), ("cpu_bought", "CPU bought"),
             ("memory_bought_gib", "GiB bought"), ("empty_gone_s", "empty gone s"),
             ("cpu_s_up", "CPU s, scale-up"), ("cpu_s", "CPU s, whole run"),
