@@ -159,6 +159,27 @@ impl Env {
             .collect()
     }
 
+    /// A cluster shutdown's record, stopping since `started_at`, that cordoned `node`: written
+    /// as `nodeward cluster shutdown` writes it ([`Intent::to_data`]).
+    fn cluster_shutdown_record(&self, started_at: &str, node: &str) {
+        use nodeward::cluster::intent::{Intent, Phase};
+        let intent = Intent {
+            phase: Phase::Stopping,
+            started_at: started_at.to_string(),
+            requested_by: "an operator".to_string(),
+            reason: "maintenance".to_string(),
+            cordoned: [node.to_string()].into(),
+        };
+        self.kube
+            .create(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": nodeward::names::CLUSTER_SHUTDOWN_CONFIGMAP,
+                    "namespace": nodeward::names::CLUSTER_SHUTDOWN_NAMESPACE},
+                "data": intent.to_data(),
+            }))
+            .expect("the cluster shutdown's record");
+    }
+
     fn running_pods(&self) -> usize {
         self.kube
             .list("pods", Some("default"))
@@ -1276,16 +1297,7 @@ fn fenced_count(metrics: &nodeward::scaler::metrics::Metrics) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_cluster_shutdown_freezes_nothing_and_is_said() {
     let env = env(|_| {}).await;
-    env.kube
-        .create(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": nodeward::names::CLUSTER_SHUTDOWN_CONFIGMAP,
-                "namespace": nodeward::names::CLUSTER_SHUTDOWN_NAMESPACE},
-            "data": {"phase": "stopping", "started-at": "2026-12-05T12:00:00Z",
-                "requested-by": "an operator", "reason": "maintenance",
-                "cordoned": "[\"gone-node\"]"}
-        }))
-        .expect("intent");
+    env.cluster_shutdown_record("2026-12-05T12:00:00Z", "gone-node");
     let _sim = env.simulate(SimOptions::default());
     let scaler = env.spawn("replica-a").await;
     env.pod("after-the-shutdown", "500m");
@@ -1331,16 +1343,7 @@ async fn a_live_cluster_shutdown_pauses_scale_up_until_its_cordon_is_gone() {
         )
         .await
         .expect("cordon as a cluster shutdown");
-    env.kube
-        .create(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": nodeward::names::CLUSTER_SHUTDOWN_CONFIGMAP,
-                "namespace": nodeward::names::CLUSTER_SHUTDOWN_NAMESPACE},
-            "data": {"phase": "stopping", "started-at": "2026-12-06T01:00:00Z",
-                "requested-by": "an operator", "reason": "maintenance",
-                "cordoned": "[\"stopped-node\"]"}
-        }))
-        .expect("intent");
+    env.cluster_shutdown_record("2026-12-06T01:00:00Z", "stopped-node");
     let _sim = env.simulate(SimOptions::default());
     let scaler = env.spawn("replica-a").await;
     env.pod("during-the-shutdown", "500m");

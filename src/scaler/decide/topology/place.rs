@@ -100,10 +100,15 @@ impl Topology {
     /// Whether pending pod `qi` has a spread or a pod affinity: what other pods' placements may
     /// open to it after it was kept off a place (an anti-affinity only ever closes places).
     pub(in crate::scaler::decide) fn may_open_later(&self, qi: usize) -> bool {
+        self.needs_of(qi)
+            .is_some_and(|n| !n.spread.is_empty() || !n.affinity.is_empty())
+    }
+
+    /// Pending pod `qi`'s constraints; `None`: it has none.
+    fn needs_of(&self, qi: usize) -> Option<&Needs> {
         self.pending
             .get(qi)
             .and_then(|p| self.needs.get(p.needs as usize))
-            .is_some_and(|n| !n.spread.is_empty() || !n.affinity.is_empty())
     }
 
     /// Whether no node of group `group` may take pending pod `qi`, as far as inter-pod
@@ -113,11 +118,7 @@ impl Topology {
     /// domains (zone, region) are the group's. A pod with an affinity (a node holding its
     /// company may take it where an empty one may not) is never judged closed here.
     pub(in crate::scaler::decide) fn closed_to_group(&mut self, qi: usize, group: usize) -> bool {
-        let affine = self
-            .pending
-            .get(qi)
-            .and_then(|p| self.needs.get(p.needs as usize))
-            .is_some_and(|n| !n.affinity.is_empty());
+        let affine = self.needs_of(qi).is_some_and(|n| !n.affinity.is_empty());
         let host = self.peek_host();
         !affine && !self.allows(qi, Place::New { group, host })
     }
