@@ -944,6 +944,74 @@ async fn a_settling_reboot_keeps_an_operators_cordon(cluster: Cluster) {
     teardown(&cluster, &admin, &ns, &mut [m]).await;
 }
 
+/// Issue 55, "unknown is not healthy": an agent restarted in the boot it took its slot in (its
+/// reboot command hung, then the agent was killed) goes on only under the checks a new request
+/// meets. A blocking pod that appeared meanwhile gives the slot back, lifts the reboot's cordon
+/// and waits `BlockedByPods`. Before, the record alone resumed the reboot: drained and rebooting
+/// again past the blocker.
+async fn a_resumed_reboot_meets_the_checks_again(cluster: Cluster) {
+    let admin = cluster.admin().await;
+    free_slots(&admin).await;
+    let ns = unique("resume");
+    common::create_namespace(&admin, &ns).await;
+    let extra = format!(
+        "health_nodes = \"nodeward-test/pool={ns}\"\nblocking_pods_anywhere = \"nodeward-test/hold={ns}\"\nreboot_command = [\"sleep\", \"3600\"]"
+    );
+    let mut m = Machine::new(&format!("{ns}-a"), &extra);
+    cluster
+        .add_node(&m.name, &[("nodeward-test/pool", &ns)], json!([]))
+        .await;
+    m.start(&cluster);
+    m.ask();
+    let t0 = Instant::now();
+    while !m.log().contains("drained; rebooting") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "never got to its reboot:\n{}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    m.agent.as_mut().expect("agent").kill();
+    assert_eq!(holders(&admin, 1).await, [Some(m.name.clone())]);
+    common::create::<Pod>(
+        &admin,
+        json!({
+            "metadata": {"name": "backup", "namespace": ns, "labels": {"nodeward-test/hold": ns}},
+            "spec": {"nodeSelector": {"nodeward-test/nowhere": "x"},
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
+        }),
+    )
+    .await;
+    m.start(&cluster);
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let restarted = Instant::now();
+    loop {
+        let n = nodes.get(&m.name).await.expect("node");
+        if reboot_condition(&n).is_some_and(|(_, r)| r == "BlockedByPods") {
+            assert!(
+                !cordoned_for_reboot(&n),
+                "the reboot's cordon stays while the node waits"
+            );
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(20),
+            "the restarted agent did not meet the blocking pod: {:?}\n{}",
+            reboot_condition(&n),
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(holders(&admin, 1).await, [None], "the slot given back");
+    let log = m.log();
+    assert!(
+        !log.contains("drained; rebooting"),
+        "the restarted agent rebooted past the blocker:\n{log}"
+    );
+    teardown(&cluster, &admin, &ns, &mut [m]).await;
+}
+
 real_only! {
     a_firing_alert_holds_the_reboot => super::a_firing_alert_holds_the_reboot;
     kureds_lock_holds_the_reboot => super::kureds_lock_holds_the_reboot;
@@ -952,4 +1020,5 @@ real_only! {
     a_dead_holders_slot_frees_itself_when_its_lease_expires => super::a_dead_holders_slot_frees_itself_when_its_lease_expires;
     a_hanging_reboot_command_ends_in_reboot_failed => super::a_hanging_reboot_command_ends_in_reboot_failed;
     a_settling_reboot_keeps_an_operators_cordon => super::a_settling_reboot_keeps_an_operators_cordon;
+    a_resumed_reboot_meets_the_checks_again => super::a_resumed_reboot_meets_the_checks_again;
 }

@@ -88,6 +88,8 @@ pub fn next(requested: Option<Request>, record: Option<Record>, boot_id: &str) -
 pub enum Wait {
     /// kured runs in this cluster and holds its lock: the two must not reboot nodes together.
     Kured(String),
+    /// Whether kured holds its lock cannot be read (the DaemonSets could not be listed).
+    KuredUnknown(String),
     /// Outside the maintenance window.
     Window(Option<Timestamp>),
     /// Every slot is held.
@@ -103,6 +105,9 @@ pub enum Wait {
         /// How many may be, this node included.
         allowed: u32,
     },
+    /// The fleet's health cannot be read (the Node list failed): unknown health is not good
+    /// health.
+    HealthUnknown(String),
     /// The node's pods' budgets do not allow the drain now.
     Budgets(Vec<String>),
     /// Pods the drain may not evict (no controller, emptyDir data, annotated): a reboot would
@@ -115,11 +120,13 @@ impl Wait {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::Kured(_) => "KuredPresent",
+            Self::KuredUnknown(_) => "KuredUnknown",
             Self::Window(_) => "WaitingForWindow",
             Self::Slot(_) => "WaitingForSlot",
             Self::Pods(_) => "BlockedByPods",
             Self::Alerts(_) => "BlockedByAlerts",
             Self::Health { .. } => "WaitingForHealth",
+            Self::HealthUnknown(_) => "HealthUnknown",
             Self::Budgets(_) => "WaitingForBudgets",
             Self::Unevictable(_) => "BlockedByUnevictablePods",
         }
@@ -140,6 +147,9 @@ impl Wait {
             Self::Kured(holder) => format!(
                 "kured's lock annotation is present ({holder}); nodeward does not reboot nodes while kured does: remove kured first (docs: reboot.md, \"Moving from kured\")"
             ),
+            Self::KuredUnknown(e) => format!(
+                "cannot tell whether kured holds its lock ({e}); nodeward does not reboot a node while it cannot tell"
+            ),
             Self::Window(Some(at)) => format!("outside the maintenance window; it opens at {at}"),
             Self::Window(None) => "the maintenance window lists no day".into(),
             Self::Slot(holders) => format!("every reboot slot is held: {}", list(holders)),
@@ -153,6 +163,9 @@ impl Wait {
                 "{} other nodes are unavailable and at most {allowed} may be, this one included: {}",
                 unavailable.len(),
                 list(unavailable)
+            ),
+            Self::HealthUnknown(e) => format!(
+                "cannot tell how many nodes are unavailable ({e}); unknown health is not good health, so the node waits"
             ),
             Self::Budgets(short) => {
                 format!("the budgets do not allow the drain now: {}", list(short))
@@ -172,14 +185,31 @@ pub struct Before {
     pub pods: Vec<String>,
     /// The firing alerts that block, or why the API could not tell.
     pub alerts: Result<Vec<String>, String>,
-    /// The other nodes that are unavailable, with why ([`unavailable`]).
-    pub unavailable: Vec<String>,
-    /// All nodes.
+    /// The other nodes that are unavailable, with why ([`unavailable`]); `Err`: why the Node
+    /// list could not tell.
+    pub unavailable: Result<Vec<String>, String>,
+    /// All nodes (the `health_nodes` among them).
     pub nodes: u32,
     /// The budgets the drain would exceed now ([`crate::drain::plan::budgets_short`]).
     pub budgets: Vec<String>,
     /// Pods the drain's plan refuses, with why.
     pub unevictable: Vec<String>,
+}
+
+/// Whether the node may look for a slot: not while kured holds its lock, or while that cannot be
+/// read (`kured`: the lock's holder, if any; `Err`: why the DaemonSets could not be listed);
+/// then not outside the window.
+pub fn may_look_for_slot(
+    s: &RebootSettings,
+    kured: Result<Option<String>, String>,
+    now: Timestamp,
+) -> Result<(), Wait> {
+    match kured {
+        Ok(Some(holder)) => Err(Wait::Kured(holder)),
+        Err(e) => Err(Wait::KuredUnknown(e)),
+        Ok(None) if !s.window.contains(now) => Err(Wait::Window(s.window.next_open(now))),
+        Ok(None) => Ok(()),
+    }
 }
 
 /// Whether the node may take a slot, on the checks' findings: blockers first (an operator's
@@ -193,11 +223,15 @@ pub fn may_take_slot(s: &RebootSettings, b: &Before) -> Result<(), Wait> {
         Ok(names) if names.is_empty() => {}
         other => return Err(Wait::Alerts(other.clone())),
     }
+    let unavailable = b
+        .unavailable
+        .as_ref()
+        .map_err(|e| Wait::HealthUnknown(e.clone()))?;
     let allowed = s.max_unavailable_of(b.nodes);
-    let others = u32::try_from(b.unavailable.len()).unwrap_or(u32::MAX);
+    let others = u32::try_from(unavailable.len()).unwrap_or(u32::MAX);
     if others.saturating_add(1) > allowed {
         return Err(Wait::Health {
-            unavailable: b.unavailable.clone(),
+            unavailable: unavailable.clone(),
             allowed,
         });
     }

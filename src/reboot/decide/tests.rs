@@ -43,7 +43,7 @@ fn clear() -> Before {
     Before {
         pods: vec![],
         alerts: Ok(vec![]),
-        unavailable: vec![],
+        unavailable: Ok(vec![]),
         nodes: 8,
         budgets: vec![],
         unevictable: vec![],
@@ -74,7 +74,7 @@ fn every_check_holds_the_slot_and_says_why() {
         ),
         // concurrency 2: one other unavailable plus this node is 2, allowed...
         (
-            Box::new(|b| b.unavailable = vec!["n1 (NotReady)".into(), "n2 (cordoned)".into()]),
+            Box::new(|b| b.unavailable = Ok(vec!["n1 (NotReady)".into(), "n2 (cordoned)".into()])),
             "WaitingForHealth",
         ),
         (
@@ -104,7 +104,7 @@ fn every_check_holds_the_slot_and_says_why() {
     }
     // ...so one other unavailable node passes.
     let mut b = clear();
-    b.unavailable = vec!["n1 (rebooting)".into()];
+    b.unavailable = Ok(vec!["n1 (rebooting)".into()]);
     assert_eq!(may_take_slot(&s, &b), Ok(()));
 }
 
@@ -115,10 +115,10 @@ fn the_health_gate_counts_a_share_of_the_nodes() {
         ..RebootSettings::default()
     };
     let mut b = clear();
-    b.unavailable = vec!["n1 (NotReady)".into()];
+    b.unavailable = Ok(vec!["n1 (NotReady)".into()]);
     // 25% of 8 is 2: one other plus this one.
     assert_eq!(may_take_slot(&s, &b), Ok(()));
-    b.unavailable.push("n2 (NotReady)".into());
+    b.unavailable = Ok(vec!["n1 (NotReady)".into(), "n2 (NotReady)".into()]);
     let e = may_take_slot(&s, &b).unwrap_err();
     assert!(e.message().contains("at most 2 may be"), "{}", e.message());
 }
@@ -244,4 +244,71 @@ fn a_returning_node_releases_its_slot_only_after_it_settled() {
     for (r, since, want) in cases {
         assert_eq!(back(r, since, settle, now), want, "{r:?} {since:?}");
     }
+}
+
+/// Unknown health is not good health: a Node list that failed holds the slot whatever
+/// `max_unavailable` allows. Before, it counted as one unavailable node out of none, which a
+/// `max_unavailable` of 2 or more let through.
+#[test]
+fn a_failed_node_list_holds_the_slot() {
+    for max in [1, 2, 5] {
+        let s = RebootSettings {
+            concurrency: 2,
+            max_unavailable: Some(Unavailable::Count(max)),
+            ..RebootSettings::default()
+        };
+        let mut b = clear();
+        b.unavailable = Err("nodes is forbidden".into());
+        let e = may_take_slot(&s, &b).unwrap_err();
+        assert_eq!(e.reason(), "HealthUnknown", "max_unavailable {max}");
+        assert!(
+            e.message().contains("nodes is forbidden"),
+            "{}",
+            e.message()
+        );
+    }
+    // Blockers still come first: the operator's explicit "not now" is the reason shown.
+    let mut b = clear();
+    b.unavailable = Err("500".into());
+    b.pods = vec!["db/backup".into()];
+    let e = may_take_slot(&RebootSettings::default(), &b).unwrap_err();
+    assert_eq!(e.reason(), "BlockedByPods");
+}
+
+/// kured's lock, then the window; a DaemonSet list that failed is not "no kured".
+#[test]
+fn kured_and_the_window_come_before_the_slots() {
+    let open = RebootSettings::default();
+    let now = at("2026-12-06T03:00:00Z");
+    assert_eq!(may_look_for_slot(&open, Ok(None), now), Ok(()));
+    let cases = [
+        (
+            Ok(Some("kube-system/kured: {}".to_string())),
+            "KuredPresent",
+        ),
+        (
+            Err("daemonsets.apps is forbidden".to_string()),
+            "KuredUnknown",
+        ),
+    ];
+    for (kured, reason) in cases {
+        let e = may_look_for_slot(&open, kured, now).unwrap_err();
+        assert_eq!(e.reason(), reason, "{}", e.message());
+    }
+    let closed = RebootSettings {
+        window: crate::window::Window::new(
+            &[jiff::civil::Weekday::Monday],
+            jiff::civil::time(0, 0, 0, 0),
+            jiff::civil::time(0, 0, 0, 0),
+            jiff::tz::TimeZone::UTC,
+            "UTC",
+        ),
+        ..open.clone()
+    };
+    // 2026-12-06 is a Sunday.
+    let e = may_look_for_slot(&closed, Ok(None), now).unwrap_err();
+    assert_eq!(e.reason(), "WaitingForWindow", "{}", e.message());
+    // kured's lock is said before the window.
+    let e = may_look_for_slot(&closed, Err("500".into()), now).unwrap_err();
+    assert_eq!(e.reason(), "KuredUnknown");
 }

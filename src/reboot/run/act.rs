@@ -43,7 +43,8 @@ impl Coordinator {
         self.drain_and_reboot(client, record).await
     }
 
-    /// Taken in this boot before the agent restarted: go on if the slot is still ours.
+    /// Taken in this boot before the agent restarted: go on if the slot is still ours and the
+    /// checks a new request meets allow it now; otherwise give it back.
     pub(super) async fn resume(&mut self, client: &kube::Client, r: Record) -> Duration {
         let Some(e) = self.slot(&r.slot) else {
             self.give_back(client, &r, "its slot is no longer configured", "abandoned")
@@ -55,17 +56,22 @@ impl Coordinator {
             self.give_back(client, &r, why, "abandoned").await;
             return self.s.period;
         }
+        // A record says only that the checks once allowed it: they must allow it now.
+        if let Err(w) = self.still_allowed(client).await {
+            let why = format!(
+                "the agent restarted and the checks no longer allow it ({}); it waits as a new request does",
+                w.message()
+            );
+            self.give_back(client, &r, &why, "abandoned").await;
+            return self.waiting(client, w).await;
+        }
         if self.took_at.is_none() {
             self.took_at = r.since.parse().ok();
         }
         self.drain_and_reboot(client, r).await
     }
 
-    async fn drain_and_reboot(
-        &mut self,
-        client: &kube::Client,
-        mut r: Record,
-    ) -> Duration {
+    async fn drain_and_reboot(&mut self, client: &kube::Client, mut r: Record) -> Duration {
         self.show(
             "draining",
             Some("Draining"),
@@ -183,11 +189,7 @@ impl Coordinator {
     }
 
     /// Runs `work`, renewing the slot `slot` every third of its duration meanwhile.
-    async fn renewing<T>(
-        &self,
-        slot: &str,
-        work: impl std::future::Future<Output = T>,
-    ) -> T {
+    async fn renewing<T>(&self, slot: &str, work: impl std::future::Future<Output = T>) -> T {
         let Some(e) = self.slot(slot) else {
             return work.await;
         };

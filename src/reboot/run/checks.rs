@@ -8,23 +8,14 @@ impl Coordinator {
     /// A reboot is asked for: check, in order, kured, the window, a free slot, then the
     /// blockers, health and budgets; take the slot when all agree, then drain and reboot.
     pub(super) async fn try_slot(&mut self, client: &kube::Client, q: Request) -> Duration {
-        let now = Timestamp::now();
-        let wait = match self.kured(client).await {
-            Some(holder) => Some(Wait::Kured(holder)),
-            None if !self.s.window.contains(now) => {
-                Some(Wait::Window(self.s.window.next_open(now)))
-            }
-            None => None,
-        };
-        if let Some(w) = wait {
+        if let Err(w) = self.may_look(client).await {
             return self.waiting(client, w).await;
         }
         let (free, holders) = self.peek_slots().await;
         if free.is_empty() {
             return self.waiting(client, Wait::Slot(holders)).await;
         }
-        let before = self.before(client, &holders).await;
-        if let Err(w) = decide::may_take_slot(&self.s, &before) {
+        if let Err(w) = self.may_take(client, &holders).await {
             return self.waiting(client, w).await;
         }
         for i in free {
@@ -35,6 +26,27 @@ impl Coordinator {
         }
         let (_, holders) = self.peek_slots().await;
         self.waiting(client, Wait::Slot(holders)).await
+    }
+
+    /// Every check a new request meets but the free slot, for a reboot resumed with its slot
+    /// (the agent restarted in the boot it took it in): the Node's record says only that the
+    /// checks once allowed it.
+    pub(super) async fn still_allowed(&self, client: &kube::Client) -> Result<(), Wait> {
+        self.may_look(client).await?;
+        let (_, holders) = self.peek_slots().await;
+        self.may_take(client, &holders).await
+    }
+
+    /// kured's lock, then the window.
+    async fn may_look(&self, client: &kube::Client) -> Result<(), Wait> {
+        let kured = self.kured(client).await;
+        decide::may_look_for_slot(&self.s, kured, Timestamp::now())
+    }
+
+    /// Blockers, health and budgets, `holders` being the other nodes that hold slots.
+    async fn may_take(&self, client: &kube::Client, holders: &[String]) -> Result<(), Wait> {
+        let before = self.before(client, holders).await;
+        decide::may_take_slot(&self.s, &before)
     }
 
     /// The slots this node could take now (indices), and the other holders of live ones.
@@ -51,24 +63,21 @@ impl Coordinator {
         (free, holders)
     }
 
-    /// kured's lock, when a DaemonSet carries it.
-    async fn kured(&self, client: &kube::Client) -> Option<String> {
+    /// kured's lock, when a DaemonSet carries it; `Err` when the DaemonSets cannot be listed.
+    async fn kured(&self, client: &kube::Client) -> Result<Option<String>, String> {
         let ds: Api<DaemonSet> = Api::all(client.clone());
-        let list = match ds.list_metadata(&ListParams::default()).await {
-            Ok(l) => l,
-            Err(e) => {
-                warn!(error = %e, "cannot list DaemonSets to look for kured's lock");
-                return None;
-            }
-        };
-        list.items.iter().find_map(|d| {
+        let list = ds
+            .list_metadata(&ListParams::default())
+            .await
+            .map_err(|e| format!("cannot list DaemonSets: {e}"))?;
+        Ok(list.items.iter().find_map(|d| {
             let value = d.metadata.annotations.as_ref()?.get(KURED_LOCK)?;
             Some(format!(
                 "DaemonSet {}/{}: {value}",
                 d.metadata.namespace.as_deref().unwrap_or_default(),
                 d.metadata.name.as_deref().unwrap_or_default()
             ))
-        })
+        }))
     }
 
     /// Blockers, health and budgets, read fresh.
@@ -134,7 +143,7 @@ impl Coordinator {
         &self,
         client: &kube::Client,
         holders: &[String],
-    ) -> (Vec<String>, u32) {
+    ) -> (Result<Vec<String>, String>, u32) {
         let nodes: Api<Node> = Api::all(client.clone());
         let mut lp = ListParams::default();
         if let Some(sel) = &self.s.health_nodes {
@@ -154,10 +163,9 @@ impl Coordinator {
                         ))
                     })
                     .collect();
-                (out, u32::try_from(l.items.len()).unwrap_or(u32::MAX))
+                (Ok(out), u32::try_from(l.items.len()).unwrap_or(u32::MAX))
             }
-            // Unknown health is not good health.
-            Err(e) => (vec![format!("cannot list nodes: {e}")], 0),
+            Err(e) => (Err(format!("cannot list nodes: {e}")), 0),
         }
     }
 
@@ -199,7 +207,7 @@ impl Coordinator {
     }
 
     /// Waits with `w`: says so where it changed, and comes back after the period.
-    async fn waiting(&mut self, client: &kube::Client, w: Wait) -> Duration {
+    pub(super) async fn waiting(&mut self, client: &kube::Client, w: Wait) -> Duration {
         let changed = self.status.reason() != Some(w.reason());
         self.show("waiting", Some(w.reason()), &w.message(), None);
         if changed {
