@@ -8,6 +8,12 @@
                                Running, count the nodes and capacity bought, delete the pods, time
                                the empty nodes away; prints one JSON result line
   peers.py table FILE          the results, side by side
+  peers.py count FILE          how many pods a workload file makes (and a failure if it is wrong)
+
+A workload is `plain` or `mix` with a number of pods, or `file:PATH`: a YAML file of your own,
+each document either a Pod (created once) or `{count: N, pod: POD}` (created N times, the name
+suffixed -0 … -N-1). The Pods are created in the bench's namespace with the label `peers: bench`
+added; a container without requests asks for nothing. tests/peers/workloads/ holds examples.
 
 Standard library and PyYAML only. The API server is reached with the kubeconfig's inline client
 certificate (scripts/control-plane writes them so); kubectl would cost a process per request.
@@ -224,7 +230,58 @@ def term(labels, key):
     return {"labelSelector": {"matchLabels": labels}, "topologyKey": key}
 
 
+def workload_file(path):
+    """The pods a workload file asks for, or a failure naming the file, the document and the
+    field."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+    except OSError as e:
+        die(f"{path}: cannot read the workload file: {e}")
+    except yaml.YAMLError as e:
+        die(f"{path}: not YAML: {e}")
+    pods, names = [], set()
+    for i, doc in enumerate(docs, 1):
+        where = f"{path}, document {i}"
+        if not isinstance(doc, dict):
+            die(f"{where}: expected a Pod or {{count: N, pod: POD}}, found {type(doc).__name__}")
+        count, template = 1, doc
+        if "count" in doc or "pod" in doc:
+            count, template = doc.get("count"), doc.get("pod")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                die(f"{where}: count: expected a whole number of pods, at least 1, found {count!r}")
+            if not isinstance(template, dict):
+                die(f"{where}: pod: expected a Pod (metadata, spec)")
+        elif doc.get("kind", "Pod") != "Pod":
+            die(f"{where}: kind: expected Pod, found {doc.get('kind')!r}")
+        meta, spec = template.get("metadata"), template.get("spec")
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+            die(f"{where}: metadata.name: expected the pod's name")
+        if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list) or not spec["containers"]:
+            die(f"{where}: spec.containers: expected a list of at least one container")
+        for c, ctr in enumerate(spec["containers"]):
+            if not isinstance(ctr, dict) or not ctr.get("name") or not ctr.get("image"):
+                die(f"{where}: spec.containers[{c}]: expected a name and an image")
+        labels = meta.get("labels") or {}
+        if not isinstance(labels, dict):
+            die(f"{where}: metadata.labels: expected a map of strings")
+        spec = {"terminationGracePeriodSeconds": 0, **spec}
+        for k in range(count):
+            name = meta["name"] if count == 1 else f"{meta['name']}-{k}"
+            if name in names:
+                die(f"{where}: metadata.name: {name} is made twice")
+            names.add(name)
+            pods.append({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": name, "labels": {**labels, "peers": "bench"}},
+                         "spec": spec})
+    if not pods:
+        die(f"{path}: no pods: expected at least one document")
+    return pods
+
+
 def workload(kind, n):
+    if kind.startswith("file:"):
+        return workload_file(kind[len("file:"):])
     rng = random.Random(45)
     pods = []
     if kind == "plain":
@@ -233,7 +290,7 @@ def workload(kind, n):
             pods.append(pod(f"plain-{shape}-{i}", {"shape": shape}, cpu, mem))
         return pods
     if kind != "mix":
-        die(f"unknown workload {kind!r} (expected plain or mix)")
+        die(f"unknown workload {kind!r} (expected plain, mix or file:PATH)")
     fifth = max(n // 5, 1)
     for i in range(n):
         cpu, mem = rng.choice(MIX_CPU), rng.choice(MIX_MEMORY)
@@ -326,7 +383,8 @@ def bought(nodes, pods):
         "memory_bought_gib": round(
             sum(quantity_bytes(n["status"]["allocatable"]["memory"]) for n in nodes) / (1 << 30), 1),
         "cpu_requested": round(sum(
-            quantity_milli(p["spec"]["containers"][0]["resources"]["requests"]["cpu"]) for p in pods) / 1000, 1),
+            quantity_milli(c.get("resources", {}).get("requests", {}).get("cpu", "0"))
+            for p in pods for c in p["spec"]["containers"]) / 1000, 1),
     }
 
 
@@ -367,8 +425,8 @@ def run(argv):
     ap.add_argument("--scaler", required=True, help="its name in the table")
     ap.add_argument("--pid", type=int, required=True, help="the scaler's process")
     ap.add_argument("--node-label", required=True, help="the label its nodes carry")
-    ap.add_argument("--workload", required=True, choices=["plain", "mix"])
-    ap.add_argument("--pods", type=int, required=True)
+    ap.add_argument("--workload", required=True, help="plain, mix or file:PATH")
+    ap.add_argument("--pods", type=int, help="how many (plain and mix; a file says itself)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--no-scale-down", action="store_true")
     a = ap.parse_args(argv)
@@ -376,10 +434,18 @@ def run(argv):
     api.call("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}, ok=(201, 409))
     if scaler_nodes(api, a.node_label):
         die(f"nodes with {a.node_label} exist before the run: the previous scaler's are not gone")
+    if a.workload.startswith("file:"):
+        pods = workload_file(a.workload[len("file:"):])
+        a.pods = len(pods)
+    elif a.workload in ("plain", "mix") and a.pods:
+        pods = workload(a.workload, a.pods)
+    else:
+        die(f"--workload {a.workload!r}: expected plain or mix with --pods N, or file:PATH")
     cpu0 = proc_cpu_seconds(a.pid)
-    created, first_node, all_running, nodes, items = scale_up(api, a, workload(a.workload, a.pods))
+    created, first_node, all_running, nodes, items = scale_up(api, a, pods)
     result = {
-        "scaler": a.scaler, "workload": a.workload, "pods": a.pods,
+        "scaler": a.scaler, "workload": os.path.basename(a.workload.removeprefix("file:")),
+        "pods": a.pods,
         "created_s": round(created, 1), "first_node_s": round(first_node or 0, 1),
         "all_running_s": round(all_running, 1),
         **bought(nodes, items),
@@ -440,5 +506,7 @@ if __name__ == "__main__":
         run(sys.argv[2:])
     elif len(sys.argv) == 3 and sys.argv[1] == "table":
         table(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "count":
+        print(len(workload_file(sys.argv[2])))
     else:
-        die("usage: peers.py machines | run KUBECONFIG ... | table FILE")
+        die("usage: peers.py machines | run KUBECONFIG ... | table FILE | count FILE")
