@@ -198,15 +198,16 @@ impl Env {
     }
 }
 
-/// Waits until the scalers have made `n` more passes (each pass lists the pods once), so that a
-/// test can say "nothing happened for n passes" without sleeping for a guessed time.
+/// Waits until the scalers have made `n` more passes (each pass lists the Nodes once; the pods
+/// are also listed by the watch of pending pods), so that a test can say "nothing happened for n
+/// passes" without sleeping for a guessed time.
 async fn passes(env: &Env, n: u64) {
-    let pod_lists = || env.kube.count_requests("list", "pods", "");
-    let target = pod_lists() + n;
+    let node_lists = || env.kube.count_requests("list", "nodes", "");
+    let target = node_lists() + n;
     wait_for(
         &format!("{n} more scaler passes"),
         Duration::from_secs(30),
-        || pod_lists() >= target,
+        || node_lists() >= target,
     )
     .await;
 }
@@ -291,6 +292,41 @@ async fn pending_pods_get_machines_then_idle_nodes_go() {
     .await;
     assert_eq!(env.cherry.deleted().len(), 3);
     assert!(env.event_reasons("Node").iter().any(|r| r == "ScaleDown"));
+    scaler.abort();
+}
+
+/// Issue 57, item 4: a burst of pending pods calls for its own pass. With the periodic scan an
+/// hour away, the pods get their machines within seconds of the scheduler finding no node for
+/// them (`batch_idle`, 1 s, after the last); before, they waited for the scan. The first pass
+/// comes when the replica takes the Lease: before, a replica that was not yet the leader at its
+/// first turn waited a whole `scan_interval` (here an hour) for its first pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_pods_call_for_a_pass_before_the_scan() {
+    let env = env(|s| s.scaler.scan_interval = Duration::from_secs(3600)).await;
+    let _sim = env.simulate(SimOptions::default());
+    let scaler = env.spawn("replica-a").await;
+    // The pass at start, with nothing pending; the next scan is an hour away.
+    wait_for("the first pass", Duration::from_secs(10), || {
+        last_pass(&env).is_some()
+    })
+    .await;
+    let t0 = Instant::now();
+    for i in 0..4 {
+        env.pod(&format!("burst-{i}"), "1500m");
+    }
+    wait_for("machines for the burst", Duration::from_secs(10), || {
+        env.servers().len() == 2
+    })
+    .await;
+    println!(
+        "4 pending pods: 2 machines created {:.1} s after the first pod, the scan an hour away",
+        t0.elapsed().as_secs_f64()
+    );
+    wait_for("all pods running", Duration::from_secs(20), || {
+        env.running_pods() == 4
+    })
+    .await;
+    assert_eq!(env.servers().len(), 2, "one plan for the burst");
     scaler.abort();
 }
 

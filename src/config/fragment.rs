@@ -274,6 +274,10 @@ fragment!(
         provider: ProviderKind,
         /// Pass interval.
         scan_interval: Period,
+        /// Quiet time that ends a burst of pending pods.
+        batch_idle: Wait,
+        /// Longest a burst of pending pods waits for its pass.
+        batch_max: Wait,
         /// Expander.
         expander: Expander,
         /// Scale-down on/off.
@@ -503,6 +507,8 @@ impl ScalerFragment {
             kubeconfig: self.kubeconfig.or(d.kubeconfig),
             provider: self.provider.unwrap_or(d.provider),
             scan_interval: self.scan_interval.map_or(d.scan_interval, |t| t.0),
+            batch_idle: self.batch_idle.map_or(d.batch_idle, |t| t.0),
+            batch_max: self.batch_max.map_or(d.batch_max, |t| t.0),
             expander: self.expander.unwrap_or(d.expander),
             scale_down_enabled: self.scale_down_enabled.unwrap_or(d.scale_down_enabled),
             scale_down_utilization_threshold: self

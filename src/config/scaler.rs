@@ -44,8 +44,12 @@ pub struct ScalerSettings {
     pub kubeconfig: Option<PathBuf>,
     /// Which provider.
     pub provider: ProviderKind,
-    /// Time between reconcile passes.
+    /// Time between reconcile passes when no pod calls for one sooner.
     pub scan_interval: Duration,
+    /// A pass comes this long after the last pod of a burst of newly unschedulable pods...
+    pub batch_idle: Duration,
+    /// ...and at most this long after the burst's first.
+    pub batch_max: Duration,
     /// Group choice for scale-up.
     pub expander: Expander,
     /// Whether unneeded nodes are removed at all.
@@ -527,6 +531,10 @@ impl Default for ScalerSettings {
             // cluster-autoscaler's default scan interval: fast enough that a pending pod waits
             // seconds, slow enough that listing 30,000 pods stays a small load on the apiserver.
             scan_interval: Duration::from_secs(10),
+            // Karpenter's batcher: a pass for a burst of pending pods once none came for 1 s,
+            // and at most 10 s after the first, so a Deployment's replicas meet one plan.
+            batch_idle: Duration::from_secs(1),
+            batch_max: Duration::from_secs(10),
             expander: Expander::LeastWaste,
             scale_down_enabled: true,
             // cluster-autoscaler's default --scale-down-utilization-threshold.

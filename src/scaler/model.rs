@@ -678,6 +678,13 @@ fn required_node_affinity(spec: &PodSpec) -> Vec<Vec<Requirement>> {
         .unwrap_or_default()
 }
 
+/// [`is_unschedulable`] of a whole Pod: the pods a scale-up is for.
+pub(crate) fn unschedulable(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .is_some_and(|spec| is_unschedulable(spec, pod.status.as_ref()))
+}
+
 /// Whether the scheduler found no node for the pod: it is not bound, and its `PodScheduled`
 /// condition is `False` with reason `Unschedulable`.
 #[inline]

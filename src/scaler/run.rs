@@ -36,6 +36,7 @@ use super::{SCALE_DOWN_REASON, token};
 
 mod gather;
 mod machines;
+mod pending;
 mod report;
 mod scale_down;
 mod scale_up;
@@ -189,6 +190,9 @@ struct Inner<P> {
     /// Bootstrap tokens minted for machines that have not joined yet.
     tokens: Mutex<token::Outstandings>,
     leader_until: Mutex<Option<Instant>>,
+    /// Told when this replica takes the Lease: its first pass as leader comes then, not at the
+    /// next scan.
+    became_leader: tokio::sync::Notify,
     elector: Elector,
 }
 
@@ -257,6 +261,7 @@ impl<P: Provider + 'static> Scaler<P> {
                 draining: Mutex::new(HashSet::new()),
                 tokens: Mutex::new(token::Outstandings::default()),
                 leader_until: Mutex::new(None),
+                became_leader: tokio::sync::Notify::new(),
                 elector,
             }),
         })
@@ -268,7 +273,8 @@ impl<P: Provider + 'static> Scaler<P> {
     }
 
     /// Runs until `shutdown` completes: leader election in its own task, a pass every
-    /// `scan_interval` while leader, and the metrics endpoint if configured.
+    /// `scan_interval` while leader or sooner when a burst of pods is pending
+    /// ([`pending::Pending`]), and the metrics endpoint if configured.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
         let inner = self.inner.clone();
         let s = &inner.settings;
@@ -288,7 +294,10 @@ impl<P: Provider + 'static> Scaler<P> {
                 loop {
                     let until = inner.elector.try_acquire().await;
                     inner.metrics.leader.set(i64::from(until.is_some()));
-                    *lock(&inner.leader_until) = until;
+                    let was = std::mem::replace(&mut *lock(&inner.leader_until), until);
+                    if was.is_none() && until.is_some() {
+                        inner.became_leader.notify_one();
+                    }
                     tokio::time::sleep(renew_every).await;
                 }
             }))
@@ -303,11 +312,13 @@ impl<P: Provider + 'static> Scaler<P> {
             }))
         });
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut pending = pending::Pending::watch(inner.client.clone());
         info!(identity = %inner.opts.identity, dry_run = inner.opts.dry_run, groups = s.groups.len(), "scaler started");
         crate::systemd::notify(&[sd_notify::NotifyState::Ready]);
         loop {
             inner.metrics.liveness.beat();
             let next = Instant::now() + s.scan_interval;
+            pending.clear();
             // The signal drops a pass in flight, as a crash would: its writes are fenced by the
             // Lease, and the next leader's pass starts from what the API server holds.
             tokio::select! {
@@ -315,10 +326,14 @@ impl<P: Provider + 'static> Scaler<P> {
                 () = &mut shutdown => break,
                 () = inner.clone().turn() => {}
             }
+            // The next pass: at the scan, when a burst of pending pods is over, or as soon as
+            // this replica becomes the leader.
             tokio::select! {
                 biased;
                 () = &mut shutdown => break,
+                () = inner.became_leader.notified() => {}
                 () = tokio::time::sleep_until(next) => {}
+                () = pending.burst(s.batch_idle, s.batch_max) => {}
             }
         }
         crate::systemd::notify(&[sd_notify::NotifyState::Stopping]);
