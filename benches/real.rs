@@ -10,6 +10,9 @@
 //!    maxUnavailable 3, the drain's metrics behind the agent's HTTP server scraped every 50 ms;
 //!    the scrape time (this is a release build), and a plot of pods left, evictions and time to
 //!    the deadline drawn into `NODEWARD_BENCH_PLOT` (default `target/drain-metrics.svg`).
+//! 5. only when asked for (`NODEWARD_BENCH_ONLY=reboot-wave`, about 10 minutes): what a fleet
+//!    of real agents waiting for coordinated reboots, then rebooting two at a time, costs the API
+//!    server ([`reboot_wave`]).
 //!
 //! Run: `scripts/control-plane up DIR`, apply the shipped RBAC (scripts/test does both), then
 //! `NODEWARD_CONTROL_PLANE=DIR KUBECTL=… cargo bench --bench real` (`NODEWARD_BENCH_ONLY=drain`,
@@ -37,6 +40,8 @@ const SCRAPE_EVERY: Duration = Duration::from_millis(50);
 
 #[path = "real/plot.rs"]
 mod plot;
+#[path = "real/reboot_wave.rs"]
+mod reboot_wave;
 
 struct Cp {
     dir: PathBuf,
@@ -588,8 +593,13 @@ async fn main() {
         scratch: tempfile::tempdir().expect("tempdir"),
     };
     let admin = client(&cp.dir.join("admin.kubeconfig")).await;
-    // NODEWARD_BENCH_ONLY=drain|gates|metrics runs one part.
+    // NODEWARD_BENCH_ONLY=drain|gates|metrics|reboot-wave runs one part; the reboot wave runs
+    // only when asked for.
     let only = std::env::var("NODEWARD_BENCH_ONLY").ok();
+    if only.as_deref() == Some("reboot-wave") {
+        reboot_wave::figures(&cp, &admin).await;
+        return;
+    }
     let run = |part: &str| only.as_deref().is_none_or(|o| o == part);
     if run("drain") {
         drain_figures(&cp, &admin).await;
