@@ -408,6 +408,24 @@ async fn feed_watchdog(liveness: &crate::metrics_http::Liveness, period: Duratio
     }
 }
 
+/// The scale-up `a` asks for, if it is one.
+fn scale_up_asked(a: &Action) -> Option<ScaleUpAsked<'_>> {
+    match a {
+        Action::ScaleUp {
+            group,
+            count,
+            reason,
+            pods,
+        } => Some(ScaleUpAsked {
+            group,
+            count: *count,
+            reason: *reason,
+            pods,
+        }),
+        _ => None,
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -470,10 +488,20 @@ impl<P: Provider + 'static> Inner<P> {
             pod_events: 0,
             first_create: None,
         };
+        // The scale-ups go together, where the first of them stands among the actions: one
+        // stream of creates that takes the groups in turn.
+        let asked: Vec<ScaleUpAsked> = actions.iter().filter_map(scale_up_asked).collect();
+        let mut scaled_up = false;
         for a in &actions {
             if !self.is_leader() {
                 warn!("lost the Lease mid-pass; stopping");
                 break;
+            }
+            if scale_up_asked(a).is_some() {
+                if !std::mem::replace(&mut scaled_up, true) {
+                    self.scale_up_all(&asked, &mut run).await;
+                }
+                continue;
             }
             self.carry_out(a, &mut run).await;
         }
@@ -536,15 +564,8 @@ impl<P: Provider + 'static> Inner<P> {
                 self.annotate(node, Some(since.to_string())).await
             }
             Action::ClearUnneeded { node } => self.annotate(node, None).await,
-            Action::ScaleUp {
-                group,
-                count,
-                reason,
-                pods,
-            } => {
-                self.scale_up_and_tell(group, *count, *reason, pods, run)
-                    .await
-            }
+            // Carried out together, by the pass ([`Inner::scale_up_all`]).
+            Action::ScaleUp { .. } => {}
             Action::NoScaleUp { pod, reason } => {
                 let note = reason.clone();
                 self.pod_event(run, pod, "NotTriggerScaleUp", note).await;
@@ -576,6 +597,18 @@ impl<P: Provider + 'static> Inner<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The creates take the groups in turn, so no group's batch waits behind another's.
+    #[test]
+    fn the_creates_take_the_groups_in_turn() {
+        assert_eq!(interleave(&[2, 1, 3]), [0, 1, 2, 0, 2, 2]);
+        assert_eq!(interleave(&[0, 2]), [1, 1]);
+        assert_eq!(
+            interleave(&[70, 10, 10]).iter().take(6).collect::<Vec<_>>(),
+            [&0, &1, &2, &0, &1, &2]
+        );
+        assert!(interleave(&[]).is_empty());
+    }
 
     /// `pool_label = true` reaches the kubelet: the user data rendered for a new node of group
     /// `web` with the shipped template registers it with `pool=web`, the label the Cherry

@@ -125,69 +125,80 @@ pub(super) fn pod_ref(p: &model::PodView) -> ObjectReference {
     }
 }
 
-impl<P: Provider + 'static> Inner<P> {
-    /// Scales the group up, then tells the pods that triggered it with an Event each, within
-    /// the pass's budget of pod Events.
-    pub(super) async fn scale_up_and_tell(
-        &self,
-        group: &str,
-        count: u32,
-        reason: ScaleUpReason,
-        pods: &[String],
-        run: &mut PassState<'_>,
-    ) {
-        let created = self.scale_up(group, count, run).await;
-        let note = format!("pod triggered scale-up: node group {group} +{created} ({reason:?})");
-        for key in pods {
-            if !self
-                .pod_event(run, key, "TriggeredScaleUp", note.clone())
-                .await
-            {
-                break;
-            }
-        }
-        if reason != ScaleUpReason::PendingPods {
-            debug!(group, count, ?reason, "scale-up without pods");
-        }
-    }
+/// One of the pass's scale-ups, as decided.
+pub(super) struct ScaleUpAsked<'a> {
+    pub(super) group: &'a str,
+    pub(super) count: u32,
+    pub(super) reason: ScaleUpReason,
+    pub(super) pods: &'a [String],
+}
 
-    /// Creates `count` machines of `group`, each with a bootstrap token of its own, and
-    /// returns how many the provider accepted; refused creates back the group off.
-    pub(super) async fn scale_up(&self, group: &str, count: u32, run: &mut PassState<'_>) -> u32 {
-        let (now, started) = (run.now, run.started);
-        let Some(g) = self.settings.groups.iter().find(|g| g.name == group) else {
-            return 0;
-        };
-        let Some(template) = self.templates.get(group) else {
-            return 0;
-        };
-        let expires = token_expiry(&self.settings, now);
-        // Once per batch: its tokens and machines are one act.
-        if !self
-            .fenced(group, &format!("create {count} machine(s)"))
-            .await
-        {
-            return 0;
+/// A group's machines to create in this pass, fenced once.
+struct Batch<'a> {
+    g: &'a GroupSettings,
+    template: &'a GroupTemplate,
+    count: u32,
+}
+
+/// One create's outcome: the hostname and the provider's answer, or why it was not sent.
+type Created = std::result::Result<(String, provider::Result<model::MachineView>), Error>;
+
+/// The order the creates leave in: the groups in turn, one machine each (`counts` [2, 1, 3]
+/// gives groups 0, 1, 2, 0, 2, 2), so that every group's first machines are among the first
+/// created. kube-scheduler counts as a spread's domains only the zones whose nodes exist: a
+/// zone whose machines were created after another zone's whole batch would find the spread's
+/// pods already placed in the zones that registered first.
+pub(super) fn interleave(counts: &[u32]) -> Vec<usize> {
+    let most = counts.iter().copied().max().unwrap_or(0);
+    (0..most)
+        .flat_map(|round| {
+            counts
+                .iter()
+                .enumerate()
+                .filter(move |&(_, &c)| round < c)
+                .map(|(i, _)| i)
+        })
+        .collect()
+}
+
+impl<P: Provider + 'static> Inner<P> {
+    /// The pass's scale-ups together: each group fenced once, every machine's create in one
+    /// stream that takes the groups in turn ([`interleave`]), [`CREATE_CONCURRENCY`] at a
+    /// time; then each group's outcomes settled and the pods that triggered it told, within the
+    /// pass's budget of pod Events.
+    pub(super) async fn scale_up_all(&self, asked: &[ScaleUpAsked<'_>], run: &mut PassState<'_>) {
+        let expires = token_expiry(&self.settings, run.now);
+        let mut batches: Vec<Option<Batch>> = Vec::with_capacity(asked.len());
+        for a in asked {
+            batches.push(self.batch(a.group, a.count).await);
         }
-        info!(group, count, "scaling up");
+        let counts: Vec<u32> = batches
+            .iter()
+            .map(|b| b.as_ref().map_or(0, |b| b.count))
+            .collect();
+        let started = run.started;
         let first_sent = Mutex::new(None::<Duration>);
-        let results: Vec<
-            std::result::Result<(String, provider::Result<model::MachineView>), Error>,
-        > = futures::stream::iter(std::iter::repeat_n((), count as usize))
-            .map(|()| {
-                let first_sent = &first_sent;
+        let results: Vec<(usize, Created)> = futures::stream::iter(interleave(&counts))
+            .map(|i| {
+                let (b, first_sent) = (batches[i].as_ref(), &first_sent);
                 async move {
+                    let Some(b) = b else {
+                        return (i, Err(Error::NotLeader));
+                    };
                     // Each machine is one act: a replica that lost the Lease while the batch
                     // ran mints no token and creates no machine (the batch was fenced once).
                     if !self.is_leader() {
-                        return Err(Error::NotLeader);
+                        return (i, Err(Error::NotLeader));
                     }
                     // Minted and rendered just before its create, so the first request
                     // leaves after one mint and one render rather than the whole batch's.
-                    let spec = self.prepare(g, template, expires).await?;
+                    let spec = match self.prepare(b.g, b.template, expires).await {
+                        Ok(spec) => spec,
+                        Err(e) => return (i, Err(e)),
+                    };
                     lock(first_sent).get_or_insert_with(|| started.elapsed());
                     let host = spec.hostname.clone();
-                    Ok((host, self.provider.create(&spec).await))
+                    (i, Ok((host, self.provider.create(&spec).await)))
                 }
             })
             .buffer_unordered(CREATE_CONCURRENCY)
@@ -196,6 +207,37 @@ impl<P: Provider + 'static> Inner<P> {
         if let Some(d) = *lock(&first_sent) {
             run.first_create.get_or_insert(d);
         }
+        let mut per_group: Vec<Vec<Created>> = asked.iter().map(|_| Vec::new()).collect();
+        for (i, r) in results {
+            per_group[i].push(r);
+        }
+        for ((a, b), results) in asked.iter().zip(&batches).zip(per_group) {
+            let created = match b {
+                Some(_) => self.settle(a.group, results, run).await,
+                None => 0,
+            };
+            self.tell(a, created, run).await;
+        }
+    }
+
+    /// `count` machines of `group` to create, fenced once for the batch (its tokens and
+    /// machines are one act); `None` for an unknown group or a replica that is not the leader.
+    async fn batch(&self, group: &str, count: u32) -> Option<Batch<'_>> {
+        let g = self.settings.groups.iter().find(|g| g.name == group)?;
+        let template = self.templates.get(group)?;
+        if !self
+            .fenced(group, &format!("create {count} machine(s)"))
+            .await
+        {
+            return None;
+        }
+        info!(group, count, "scaling up");
+        Some(Batch { g, template, count })
+    }
+
+    /// A group's batch done: how many the provider accepted. The tokens of machines it refused
+    /// go now; refused creates back the group off.
+    async fn settle(&self, group: &str, results: Vec<Created>, run: &mut PassState<'_>) -> u32 {
         let (created, refused_hosts) = self.tally(group, results);
         // A machine the provider refused never joins: its token goes now. One whose create
         // failed otherwise (a timeout) may exist after all, so its token stays until it joins.
@@ -216,12 +258,30 @@ impl<P: Provider + 'static> Inner<P> {
             group,
             run.backoff.get(group).copied(),
             u32::try_from(refused_hosts.len()).unwrap_or(u32::MAX),
-            now,
+            run.now,
             &self.settings,
         ) {
             run.back_off(group, failures, until);
         }
         created
+    }
+
+    /// Tells the pods that triggered a scale-up what became of it, with an Event each, within
+    /// the pass's budget of pod Events.
+    async fn tell(&self, a: &ScaleUpAsked<'_>, created: u32, run: &mut PassState<'_>) {
+        let (group, reason) = (a.group, a.reason);
+        let note = format!("pod triggered scale-up: node group {group} +{created} ({reason:?})");
+        for key in a.pods {
+            if !self
+                .pod_event(run, key, "TriggeredScaleUp", note.clone())
+                .await
+            {
+                break;
+            }
+        }
+        if reason != ScaleUpReason::PendingPods {
+            debug!(group, count = a.count, ?reason, "scale-up without pods");
+        }
     }
 
     /// One machine's create request: a bootstrap token of its own (one leaked user-data blob
