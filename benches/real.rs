@@ -435,8 +435,14 @@ async fn drain_figures(cp: &Cp, admin: &kube::Client) {
 
 /// Spawns `nodeward ARGS` with its log in `dir`.
 fn spawn(args: &[&str], dir: &Path) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_nodeward"))
-        .args(args)
+    command(args, dir).spawn().expect("spawn nodeward")
+}
+
+/// `nodeward ARGS` with no logind (a socket nobody serves), no systemd, its stderr in
+/// `dir/log`.
+fn command(args: &[&str], dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nodeward"));
+    c.args(args)
         .env("RUST_LOG", "warn")
         .env(
             "DBUS_SYSTEM_BUS_ADDRESS",
@@ -444,18 +450,19 @@ fn spawn(args: &[&str], dir: &Path) -> std::process::Child {
         )
         .env_remove("NOTIFY_SOCKET")
         .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.join("log")).expect("log"))
-        .spawn()
-        .expect("spawn nodeward")
+        .stderr(std::fs::File::create(dir.join("log")).expect("log"));
+    c
 }
 
-fn agent_config(dir: &Path, node: &str, kc: &Path, untaint: &str) -> PathBuf {
+/// An agent's config in `dir` for `node`: flannel's file as its gate, `agent_keys` in its
+/// `[agent]` table, and `tables` appended.
+fn agent_config(dir: &Path, node: &str, kc: &Path, agent_keys: &str, tables: &str) -> PathBuf {
     let cfg = dir.join("config.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[node]\nname = \"{node}\"\nkubeconfig = \"{}\"\n[agent]\nstatus_file = \"{}\"\nstartup_taint = \"{untaint}\"\n\
-             [shutdown]\nlogind_dropin = \"{}\"\n[gates]\nfile = [{{ path = \"{}\", contains = \"FLANNEL_SUBNET=\" }}]\npod = []\n",
+            "[node]\nname = \"{node}\"\nkubeconfig = \"{}\"\n[agent]\nstatus_file = \"{}\"\n{agent_keys}\n\
+             [shutdown]\nlogind_dropin = \"{}\"\n[gates]\nfile = [{{ path = \"{}\", contains = \"FLANNEL_SUBNET=\" }}]\npod = []\n{tables}",
             kc.display(),
             dir.join("status.json").display(),
             dir.join("90.conf").display(),
@@ -470,7 +477,8 @@ fn agent_config(dir: &Path, node: &str, kc: &Path, untaint: &str) -> PathBuf {
 /// the time until a watch sees the taint gone.
 async fn gate_trial(admin: &kube::Client, node: &str, kc: &Path, untaint: &str) -> Duration {
     let dir = tempfile::tempdir().expect("dir");
-    let cfg = agent_config(dir.path(), node, kc, untaint);
+    let taint = format!("startup_taint = \"{untaint}\"");
+    let cfg = agent_config(dir.path(), node, kc, &taint, "");
     let mut agent = spawn(
         &["agent", "--config", cfg.to_str().expect("utf8")],
         dir.path(),

@@ -296,6 +296,31 @@ async fn teardown(cluster: &Cluster, admin: &kube::Client, ns: &str, fleet: &mut
     free_slots(admin).await;
 }
 
+/// The machine `NS-SUFFIX` on a node of pool `ns`, with `extra` reboot keys, its agent started
+/// and asking for a reboot.
+async fn asking(cluster: &Cluster, ns: &str, suffix: &str, extra: &str) -> Machine {
+    let mut m = Machine::new(&format!("{ns}-{suffix}"), extra);
+    cluster
+        .add_node(&m.name, &[("nodeward-test/pool", ns)], json!([]))
+        .await;
+    m.start(cluster);
+    m.ask();
+    m
+}
+
+/// Waits until `m`'s agent has got to its reboot (its command asked for): at most 30 s.
+async fn wait_until_rebooting(m: &Machine) {
+    let t0 = Instant::now();
+    while !m.log().contains("drained; rebooting") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "never got to its reboot:\n{}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Eight nodes all asking for a reboot, `concurrency = 2`: a pod matching the blocking selector
 /// holds every one of them; once it is gone, never more than two are cordoned for a reboot at
 /// once, the budget is never below its minimum, every node reboots exactly once, and the fleet
@@ -639,15 +664,8 @@ async fn kureds_lock_holds_the_reboot(cluster: Cluster) {
         }),
     )
     .await;
-    let mut m = Machine::new(
-        &format!("{ns}-n"),
-        &format!("health_nodes = \"nodeward-test/pool={ns}\""),
-    );
-    cluster
-        .add_node(&m.name, &[("nodeward-test/pool", &ns)], json!([]))
-        .await;
-    m.start(&cluster);
-    m.ask();
+    let extra = format!("health_nodes = \"nodeward-test/pool={ns}\"");
+    let mut m = asking(&cluster, &ns, "n", &extra).await;
     let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(admin.clone(), &ns);
     let message = held_then_released(&cluster, &admin, &mut m, "KuredPresent", || async {
         ds.patch(
@@ -687,18 +705,11 @@ async fn a_firing_alert_holds_the_reboot(cluster: Cluster) {
     let admin = cluster.admin().await;
     free_slots(&admin).await;
     let ns = unique("alert");
-    let mut m = Machine::new(
-        &format!("{ns}-n"),
-        &format!(
-            "health_nodes = \"nodeward-test/pool={ns}\"\nprometheus_url = \"{}\"",
-            prometheus.base
-        ),
+    let extra = format!(
+        "health_nodes = \"nodeward-test/pool={ns}\"\nprometheus_url = \"{}\"",
+        prometheus.base
     );
-    cluster
-        .add_node(&m.name, &[("nodeward-test/pool", &ns)], json!([]))
-        .await;
-    m.start(&cluster);
-    m.ask();
+    let mut m = asking(&cluster, &ns, "n", &extra).await;
     let message = held_then_released(&cluster, &admin, &mut m, "BlockedByAlerts", || {
         prometheus.reload(quiet)
     })
@@ -810,21 +821,8 @@ async fn a_hanging_reboot_command_ends_in_reboot_failed(cluster: Cluster) {
     let extra = format!(
         "lease_duration = \"6s\"\nreboot_timeout = \"10s\"\nhealth_nodes = \"nodeward-test/pool={ns}\"\nreboot_command = [\"sleep\", \"3600\"]"
     );
-    let mut a = Machine::new(&format!("{ns}-a"), &extra);
-    cluster
-        .add_node(&a.name, &[("nodeward-test/pool", &ns)], json!([]))
-        .await;
-    a.start(&cluster);
-    a.ask();
-    let t0 = Instant::now();
-    while !a.log().contains("drained; rebooting") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "never got to its reboot:\n{}",
-            a.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let a = asking(&cluster, &ns, "a", &extra).await;
+    wait_until_rebooting(&a).await;
     let asked = Instant::now();
     let slots: Api<ConfigMap> = Api::namespaced(admin.clone(), SLOT_NS);
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -882,12 +880,7 @@ async fn a_settling_reboot_keeps_an_operators_cordon(cluster: Cluster) {
     free_slots(&admin).await;
     let ns = unique("settle");
     let extra = format!("health_nodes = \"nodeward-test/pool={ns}\"");
-    let mut m = Machine::new(&format!("{ns}-a"), &extra);
-    cluster
-        .add_node(&m.name, &[("nodeward-test/pool", &ns)], json!([]))
-        .await;
-    m.start(&cluster);
-    m.ask();
+    let mut m = asking(&cluster, &ns, "a", &extra).await;
     let t0 = Instant::now();
     while !m.reboot_if_asked(&cluster) {
         assert!(
@@ -957,21 +950,8 @@ async fn a_resumed_reboot_meets_the_checks_again(cluster: Cluster) {
     let extra = format!(
         "health_nodes = \"nodeward-test/pool={ns}\"\nblocking_pods_anywhere = \"nodeward-test/hold={ns}\"\nreboot_command = [\"sleep\", \"3600\"]"
     );
-    let mut m = Machine::new(&format!("{ns}-a"), &extra);
-    cluster
-        .add_node(&m.name, &[("nodeward-test/pool", &ns)], json!([]))
-        .await;
-    m.start(&cluster);
-    m.ask();
-    let t0 = Instant::now();
-    while !m.log().contains("drained; rebooting") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "never got to its reboot:\n{}",
-            m.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut m = asking(&cluster, &ns, "a", &extra).await;
+    wait_until_rebooting(&m).await;
     m.agent.as_mut().expect("agent").kill();
     assert_eq!(holders(&admin, 1).await, [Some(m.name.clone())]);
     common::create::<Pod>(

@@ -168,37 +168,35 @@ impl<P: Provider + 'static> Inner<P> {
     /// pass's budget of pod Events.
     pub(super) async fn scale_up_all(&self, asked: &[ScaleUpAsked<'_>], run: &mut PassState<'_>) {
         let expires = token_expiry(&self.settings, run.now);
-        let mut batches: Vec<Option<Batch>> = Vec::with_capacity(asked.len());
-        for a in asked {
-            batches.push(self.batch(a.group, a.count).await);
+        // The groups that may grow now, by their place in `asked`.
+        let mut batches: Vec<(usize, Batch)> = Vec::with_capacity(asked.len());
+        for (i, a) in asked.iter().enumerate() {
+            if let Some(b) = self.batch(a.group, a.count).await {
+                batches.push((i, b));
+            }
         }
-        let counts: Vec<u32> = batches
-            .iter()
-            .map(|b| b.as_ref().map_or(0, |b| b.count))
-            .collect();
+        let counts: Vec<u32> = batches.iter().map(|(_, b)| b.count).collect();
         let started = run.started;
         let first_sent = Mutex::new(None::<Duration>);
+        // Each outcome with its batch's place in `batches`.
         let results: Vec<(usize, Created)> = futures::stream::iter(interleave(&counts))
-            .map(|i| {
-                let (b, first_sent) = (batches[i].as_ref(), &first_sent);
+            .map(|j| {
+                let ((_, b), first_sent) = (&batches[j], &first_sent);
                 async move {
-                    let Some(b) = b else {
-                        return (i, Err(Error::NotLeader));
-                    };
                     // Each machine is one act: a replica that lost the Lease while the batch
                     // ran mints no token and creates no machine (the batch was fenced once).
                     if !self.is_leader() {
-                        return (i, Err(Error::NotLeader));
+                        return (j, Err(Error::NotLeader));
                     }
                     // Minted and rendered just before its create, so the first request
                     // leaves after one mint and one render rather than the whole batch's.
                     let spec = match self.prepare(b.g, b.template, expires).await {
                         Ok(spec) => spec,
-                        Err(e) => return (i, Err(e)),
+                        Err(e) => return (j, Err(e)),
                     };
                     lock(first_sent).get_or_insert_with(|| started.elapsed());
                     let host = spec.hostname.clone();
-                    (i, Ok((host, self.provider.create(&spec).await)))
+                    (j, Ok((host, self.provider.create(&spec).await)))
                 }
             })
             .buffer_unordered(CREATE_CONCURRENCY)
@@ -207,16 +205,17 @@ impl<P: Provider + 'static> Inner<P> {
         if let Some(d) = *lock(&first_sent) {
             run.first_create.get_or_insert(d);
         }
-        let mut per_group: Vec<Vec<Created>> = asked.iter().map(|_| Vec::new()).collect();
-        for (i, r) in results {
-            per_group[i].push(r);
+        let mut per_batch: Vec<Vec<Created>> = batches.iter().map(|_| Vec::new()).collect();
+        for (j, r) in results {
+            per_batch[j].push(r);
         }
-        for ((a, b), results) in asked.iter().zip(&batches).zip(per_group) {
-            let created = match b {
-                Some(_) => self.settle(a.group, results, run).await,
-                None => 0,
-            };
-            self.tell(a, created, run).await;
+        // A group that was not fenced in (not the leader, unknown) created nothing.
+        let mut created = vec![0; asked.len()];
+        for ((i, _), results) in batches.iter().zip(per_batch) {
+            created[*i] = self.settle(asked[*i].group, results, run).await;
+        }
+        for (a, n) in asked.iter().zip(created) {
+            self.tell(a, n, run).await;
         }
     }
 
